@@ -1,0 +1,46 @@
+"""Named fault switches that re-create known upstream bug classes. Each changes nothing unless switched on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injectable bug: its name, what it re-creates, and the invariant that should catch it."""
+
+    name: str
+    description: str
+    expected_check: str
+    gpu_only: bool = False
+
+
+FAULTS: tuple[Fault, ...] = (
+    Fault("max-seq-len-q-override",
+          "target-verify graph _apply overwrites max_seq_len_q with the backend's cached K (PR #27495); "
+          "bites when the runner's tokens per request T differ from K (use --verify-tokens)", "I6"),
+    Fault("zero-cache-seqlens-at-capture",
+          "draft-decode capture binds cache_seqlens without copying seq_lens into it (PR #26521, G1)", "I17"),
+    Fault("stale-page-table",
+          "page table not refreshed before a graph replay: the kernel reads last batch's pages (G3)", "I19"),
+    Fault("padded-row-seqlen",
+          "padded graph rows get a real row's seq_len instead of the fill value, so they read past page 0",
+          "I18"),
+    Fault("no-plan-wait",
+          "plan stream not ordered after the producers of seq_lens / req_to_token (PR #28034, G10)", "I21"),
+    Fault("missing-fixup-hook",
+          "a backend without update_verify_buffers_to_fill_after_draft under the plan stream (PR #25925, G9)",
+          "I28"),
+)
+
+FAULT_NAMES = tuple(f.name for f in FAULTS)
+
+
+def parse_faults(names: list[str] | tuple[str, ...] | None) -> frozenset[str]:
+    """Validate fault names; raises ValueError naming the unknown one and listing the known ones."""
+    out = set()
+    for n in names or ():
+        if n not in FAULT_NAMES:
+            raise ValueError(f"unknown fault {n!r}; known faults: {', '.join(FAULT_NAMES)}")
+        out.add(n)
+    return frozenset(out)

@@ -1,0 +1,144 @@
+"""CUDA-graph runners: static input buffers, capture over a ladder of batch sizes, padded replay.
+
+On a GPU the forward is captured into a real `torch.cuda.CUDAGraph`. On the CPU the same structure runs
+with the graph emulated: capture binds the static buffers and metadata views and runs the forward once;
+replay refreshes the buffers in place and re-runs the forward over exactly those buffers, with the scalars
+frozen at capture. So every capture/replay bug of the metadata path reproduces without a GPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..tracer.schema import ForwardMode
+from .forward_batch import ForwardBatch
+from .trtllm_mha_backend import TRTLLMHABackend
+
+
+def capture_ladder(max_bs: int) -> list[int]:
+    """Batch sizes to capture: 1, 2, 4, 8, then steps of 8, up to and including `max_bs`."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_bs]
+    sizes += list(range(16, max_bs, 8))
+    return sorted(set(sizes + [max_bs]))
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph | None
+    logits: torch.Tensor | None  # static output buffer (GPU); None on the CPU
+
+
+class GraphRunner:
+    """Captures one forward kind (mode, model, draft step) for every ladder size and replays padded batches."""
+
+    def __init__(
+        self, *, name: str, mode: ForwardMode, forward: Callable[[torch.Tensor, torch.Tensor, ForwardBatch], torch.Tensor],
+        backend: TRTLLMHABackend, template: ForwardBatch, max_bs: int, tokens_per_req: int,
+        device: torch.device, pad_seq_len_from_live: bool = False,
+    ) -> None:
+        self.name = name
+        self.mode = mode
+        self.forward = forward
+        self.backend = backend
+        self.template = template
+        self.ladder = capture_ladder(max_bs)
+        self.tokens_per_req = tokens_per_req
+        self.device = device
+        self.use_cuda_graph = device.type == "cuda"
+        self.pad_seq_len_from_live = pad_seq_len_from_live  # fault `padded-row-seqlen`
+        n = max_bs * tokens_per_req
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=device)
+        self.seq_lens_cpu = torch.zeros(max_bs, dtype=torch.int32)
+        self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        self.captured: dict[int, _Captured] = {}
+        self.mempool = None
+
+    def padded_size(self, raw_bs: int) -> int:
+        """Smallest captured batch size >= raw_bs."""
+        i = bisect.bisect_left(self.ladder, raw_bs)
+        if i == len(self.ladder):
+            raise ValueError(f"{self.name}: batch size {raw_bs} exceeds the largest captured size {self.ladder[-1]}")
+        return self.ladder[i]
+
+    def _static_batch(self, bs: int) -> ForwardBatch:
+        t = self.template
+        n = bs * self.tokens_per_req
+        return ForwardBatch(
+            forward_mode=self.mode, batch_size=bs, input_ids=self.input_ids[:n], positions=self.positions[:n],
+            seq_lens=self.seq_lens[:bs], seq_lens_cpu=self.seq_lens_cpu[:bs],
+            req_pool_indices=self.req_pool_indices[:bs], out_cache_loc=self.out_cache_loc[:n],
+            req_to_token_pool=t.req_to_token_pool, token_to_kv_pool=t.token_to_kv_pool, attn_backend=self.backend,
+            extend_seq_lens_cpu=[self.tokens_per_req] * bs if self.mode == ForwardMode.DRAFT_EXTEND else None,
+            spec_step_id=t.spec_step_id, num_tokens_per_req=self.tokens_per_req)
+
+    def capture_one(self, bs: int) -> ForwardBatch:
+        """Capture batch size `bs` with the fill values a capture uses (seq_len fill, slot 0, KV slot 0)."""
+        fill = self.backend.get_cuda_graph_seq_len_fill_value()
+        self.seq_lens[:bs].fill_(fill)
+        self.seq_lens_cpu[:bs].fill_(fill)
+        self.req_pool_indices[:bs].zero_()
+        self.out_cache_loc.zero_()
+        self.input_ids.zero_()
+        self.positions.zero_()
+        fb = self._static_batch(bs)
+        self.backend.init_forward_metadata_capture_cuda_graph(bs, bs * self.tokens_per_req, fb)
+        if not self.use_cuda_graph:
+            self.forward(fb.input_ids, fb.positions, fb)
+            self.captured[bs] = _Captured(None, None)
+            return fb
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the graph (JIT loads, allocator)
+                self.forward(fb.input_ids, fb.positions, fb)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        if self.mempool is None:
+            self.mempool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.mempool):
+            logits = self.forward(fb.input_ids, fb.positions, fb)
+        self.captured[bs] = _Captured(graph, logits)
+        return fb
+
+    def replay_prepare(self, live: ForwardBatch) -> ForwardBatch:
+        """Copy the live batch into the static buffers, pad, and refresh metadata (the plan-stream half)."""
+        raw_bs = live.batch_size
+        bs = self.padded_size(raw_bs)
+        n_raw, n = raw_bs * self.tokens_per_req, bs * self.tokens_per_req
+        fill = self.backend.get_cuda_graph_seq_len_fill_value()
+        if self.pad_seq_len_from_live:
+            fill = int(live.seq_lens_cpu.max())
+        self.seq_lens[:raw_bs].copy_(live.seq_lens)
+        self.seq_lens[raw_bs:bs].fill_(fill)
+        self.seq_lens_cpu[:raw_bs].copy_(live.seq_lens_cpu)
+        self.seq_lens_cpu[raw_bs:bs].fill_(fill)
+        self.req_pool_indices[:raw_bs].copy_(live.req_pool_indices)
+        self.req_pool_indices[raw_bs:bs].zero_()
+        self.out_cache_loc[:n_raw].copy_(live.out_cache_loc)
+        self.out_cache_loc[n_raw:n].zero_()
+        fb = self._static_batch(bs)
+        self.backend.init_forward_metadata_replay_cuda_graph(bs, fb)
+        return fb
+
+    def copy_draft_dependent_inputs(self, live: ForwardBatch, bs: int) -> None:
+        """input_ids and positions: re-copied on the compute stream after the draft (CGR L1172-1184)."""
+        n_raw, n = live.num_tokens, bs * self.tokens_per_req
+        self.input_ids[:n_raw].copy_(live.input_ids)
+        self.input_ids[n_raw:n].zero_()
+        self.positions[:n_raw].copy_(live.positions)
+        self.positions[n_raw:n].zero_()
+
+    def replay(self, fb: ForwardBatch, raw_num_tokens: int) -> torch.Tensor:
+        """Run the captured forward over the static buffers; returns logits for the live tokens."""
+        cap = self.captured[fb.batch_size]
+        if cap.graph is not None:
+            cap.graph.replay()
+            return cap.logits[:raw_num_tokens]
+        return self.forward(fb.input_ids, fb.positions, fb)[:raw_num_tokens]

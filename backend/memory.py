@@ -1,0 +1,117 @@
+"""KV memory as SGLang lays it out: a req_to_token table, a page allocator, and per-layer token->KV pools."""
+
+from __future__ import annotations
+
+import torch
+
+SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)
+
+
+class ReqToTokenPool:
+    """`req_to_token[slot, position]` = KV slot id (int32). Slot 0 is reserved: padded graph rows read it."""
+
+    def __init__(self, num_slots: int, max_context_len: int, device: torch.device) -> None:
+        self.req_to_token = torch.zeros(num_slots + 1, max_context_len, dtype=torch.int32, device=device)
+        self.max_context_len = max_context_len
+        self._free = list(range(num_slots, 0, -1))
+
+    def alloc(self) -> int:
+        """Take a request slot (never 0)."""
+        if not self._free:
+            raise RuntimeError("req_to_token pool exhausted")
+        return self._free.pop()
+
+    def free(self, slot: int) -> None:
+        """Return a request slot; its row is zeroed so nothing stale survives."""
+        self.req_to_token[slot].zero_()
+        self._free.append(slot)
+
+    @property
+    def num_free(self) -> int:
+        """Free request slots."""
+        return len(self._free)
+
+
+class PageAllocator:
+    """Hands out whole KV pages. Page 0 is reserved: padded rows and capture warm-ups point at it."""
+
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        if page_size not in SUPPORTED_PAGE_SIZES:
+            raise ValueError(f"page size {page_size} is not one of {SUPPORTED_PAGE_SIZES}")
+        self.page_size = page_size
+        self.num_pages = num_pages
+        # Lowest ids first, so fresh runs have readable, mostly ascending page tables.
+        self._free = list(range(num_pages - 1, 0, -1))
+
+    def alloc(self, n: int) -> list[int]:
+        """Take `n` pages."""
+        if n > len(self._free):
+            raise RuntimeError(f"KV cache out of pages: need {n}, {len(self._free)} free")
+        return [self._free.pop() for _ in range(n)]
+
+    def free(self, pages: list[int]) -> None:
+        """Return pages; the most recently freed are reused first (as a real allocator would)."""
+        self._free.extend(reversed(pages))
+
+    @property
+    def num_free(self) -> int:
+        """Free pages."""
+        return len(self._free)
+
+
+class KVPool:
+    """Per-layer K and V buffers `[num_slots, Hkv, D]` for one model, indexed by token slot id."""
+
+    def __init__(
+        self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_slots = num_slots
+        self.dtype = dtype
+
+    def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write k/v `[num_tokens, Hkv, D]` at slots `loc` int64 `[num_tokens]`."""
+        self.k_buffer[layer_id][loc] = k.to(self.dtype)
+        self.v_buffer[layer_id][loc] = v.to(self.dtype)
+
+
+class RequestKV:
+    """The pages one request owns, and the req_to_token row that maps its positions onto them."""
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.pages: list[int] = []
+
+    def ensure(self, length: int, alloc: PageAllocator, r2t: ReqToTokenPool) -> None:
+        """Own enough pages for positions [0, length) and write their slot ids into req_to_token."""
+        if length > r2t.max_context_len:
+            raise RuntimeError(f"sequence length {length} exceeds the context length {r2t.max_context_len}")
+        p = alloc.page_size
+        need = -(-length // p) - len(self.pages)
+        if need <= 0:
+            return
+        new = alloc.alloc(need)
+        first = len(self.pages)
+        self.pages.extend(new)
+        row = r2t.req_to_token[self.slot]
+        slots = (torch.tensor(new, dtype=torch.int32).repeat_interleave(p) * p
+                 + torch.arange(p, dtype=torch.int32).repeat(len(new)))
+        row[first * p:(first + len(new)) * p] = slots.to(row.device)
+
+    def shrink(self, length: int, alloc: PageAllocator, r2t: ReqToTokenPool) -> None:
+        """Free the pages that hold only positions >= length (rejected draft slots) and clear their row."""
+        p = alloc.page_size
+        keep = -(-length // p)
+        if keep >= len(self.pages):
+            return
+        alloc.free(self.pages[keep:])
+        r2t.req_to_token[self.slot, keep * p:len(self.pages) * p] = 0
+        self.pages = self.pages[:keep]
+
+    def release(self, alloc: PageAllocator) -> None:
+        """Free every page."""
+        alloc.free(self.pages)
+        self.pages = []

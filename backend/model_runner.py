@@ -1,0 +1,173 @@
+"""One model with its KV pool, its TRTLLM MHA backends and its graph runners; runs and records forwards.
+
+A forward runs in two halves, as SGLang splits it: `prepare` (metadata: eager init, or the graph's buffer fill
+and `_apply`; this is the half the overlap plan stream runs) and `execute` (compute stream: the draft-dependent
+inputs, the snapshot of what the kernels will consume, the forward or graph replay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..tracer.recorder import NullRecorder, Recorder, StepRecord
+from ..tracer.schema import ForwardMode, GraphPhase, RequestState
+from .forward_batch import ForwardBatch
+from .graph_runner import GraphRunner, capture_ladder
+from .memory import KVPool, ReqToTokenPool
+from .trtllm_mha_backend import AttentionKernels, MissingFixupHookBackend, TRTLLMHABackend
+
+GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY)
+
+
+@dataclass
+class Prepared:
+    """A forward whose metadata is ready: the batch the kernels will see, and the runner if it is a replay."""
+
+    fb: ForwardBatch
+    backend: TRTLLMHABackend
+    runner: GraphRunner | None
+    live: ForwardBatch
+
+
+class ModelRunner:
+    """A target or draft model on the engine's device, with everything its forwards need."""
+
+    def __init__(
+        self, *, name: str, model: torch.nn.Module, num_layers: int, num_kv_heads: int, head_dim: int,
+        dtype: torch.dtype, r2t: ReqToTokenPool, num_kv_slots: int, num_kv_pages: int, page_size: int,
+        max_context_len: int, num_draft_tokens: int, num_draft_steps: int, kernels: AttentionKernels,
+        device: torch.device, faults: frozenset[str], recorder: Recorder | NullRecorder,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.r2t = r2t
+        self.page_size = page_size
+        self.num_kv_pages = num_kv_pages
+        self.device = device
+        self.recorder = recorder
+        self.faults = faults
+        self.kv_pool = KVPool(num_layers, num_kv_slots, num_kv_heads, head_dim, dtype, device)
+        target_cls = MissingFixupHookBackend if (name == "target" and "missing-fixup-hook" in faults) else TRTLLMHABackend
+
+        def make(cls: type[TRTLLMHABackend], step: int) -> TRTLLMHABackend:
+            return cls(req_to_token_pool=r2t, kv_pool=self.kv_pool, page_size=page_size,
+                       max_context_len=max_context_len, num_draft_tokens=num_draft_tokens, kernels=kernels,
+                       device=device, speculative_step_id=step, faults=faults)
+
+        self.backend = make(target_cls, 0)
+        # One backend per draft step, as TRTLLMHAAttnMultiStepDraftBackend builds them.
+        self.draft_backends = [make(TRTLLMHABackend, i) for i in range(num_draft_steps)]
+        self.runners: dict[tuple[ForwardMode, int | None], GraphRunner] = {}
+        self._strided = torch.arange(0, max_context_len + page_size, page_size, device=device)
+
+    def backend_for(self, mode: ForwardMode, step_id: int | None) -> TRTLLMHABackend:
+        """The backend that serves a forward mode (draft decode step i has its own)."""
+        return self.draft_backends[step_id] if mode == ForwardMode.DRAFT_DECODE else self.backend
+
+    # ---- graphs --------------------------------------------------------------------------------------
+    def capture_graphs(self, modes: list[tuple[ForwardMode, int | None, int]], max_bs: int,
+                       template: ForwardBatch) -> None:
+        """Capture (mode, step_id, tokens/request) for every ladder size; each capture is a recorded step."""
+        for mode, step_id, tpr in modes:
+            backend = self.backend_for(mode, step_id)
+            backend.init_cuda_graph_state(max_bs, max_bs * tpr)
+            runner = GraphRunner(
+                name=f"{self.name}:{mode.value}:{step_id}", mode=mode, forward=self.model.forward, backend=backend,
+                template=_with(template, mode, step_id, backend), max_bs=max_bs, tokens_per_req=tpr,
+                device=self.device, pad_seq_len_from_live="padded-row-seqlen" in self.faults)
+            self.runners[(mode, step_id)] = runner
+            for bs in capture_ladder(max_bs):
+                rec = self.recorder.begin_step(
+                    iteration=-1, mode=mode, model=self.name, step_id=step_id, batch_size=bs,
+                    padded_batch_size=bs, graph=GraphPhase.CAPTURE, tokens_per_request=tpr,
+                    num_draft_tokens=backend.speculative_num_draft_tokens, page_size=self.page_size)
+                fb = runner.capture_one(bs)
+                if rec is not None:
+                    self.snapshot(rec, backend, fb)
+                    self.recorder.end_step(rec)
+
+    # ---- one forward ---------------------------------------------------------------------------------
+    def begin(self, live: ForwardBatch, iteration: int, num_draft_tokens: int) -> tuple[StepRecord | None, Any]:
+        """Open the step record for a forward of `live` (eager, or a replay of the matching graph)."""
+        runner = self.runners.get((live.forward_mode, live.spec_step_id))
+        padded = runner.padded_size(live.batch_size) if runner else live.batch_size
+        rec = self.recorder.begin_step(
+            iteration=iteration, mode=live.forward_mode, model=self.name, step_id=live.spec_step_id,
+            batch_size=live.batch_size, padded_batch_size=padded,
+            graph=GraphPhase.REPLAY if runner else GraphPhase.EAGER,
+            tokens_per_request=_tokens_per_request(live), num_draft_tokens=num_draft_tokens,
+            page_size=self.page_size)
+        return rec, runner
+
+    def prepare(self, live: ForwardBatch, runner: GraphRunner | None) -> Prepared:
+        """Metadata for the forward: `_apply` into the graph's buffers, or eager init."""
+        backend = self.backend_for(live.forward_mode, live.spec_step_id)
+        if runner is None:
+            live.attn_backend = backend
+            backend.init_forward_metadata(live)
+            return Prepared(live, backend, None, live)
+        return Prepared(runner.replay_prepare(live), backend, runner, live)
+
+    def execute(self, prep: Prepared, rec: StepRecord | None) -> torch.Tensor:
+        """Run the forward (compute stream); returns float32 logits `[live num_tokens, vocab]`."""
+        if prep.runner is not None:
+            prep.runner.copy_draft_dependent_inputs(prep.live, prep.fb.batch_size)
+        if rec is not None:
+            self.snapshot(rec, prep.backend, prep.fb)
+        if prep.runner is not None:
+            return prep.runner.replay(prep.fb, prep.live.num_tokens)
+        return self.model.forward(prep.fb.input_ids, prep.fb.positions, prep.fb)
+
+    def snapshot(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch) -> None:
+        """Record the metadata the kernels consume, and the inputs it must agree with."""
+        md, snap, p = backend.forward_metadata, self.recorder.snapshot, self.page_size
+        width = -(-md.max_seq_len_k // p)
+        snap(rec, "cache_seqlens", md.cache_seqlens_int32)
+        snap(rec, "cu_seqlens_q", md.cu_seqlens_q)
+        snap(rec, "cu_seqlens_k", md.cu_seqlens_k)
+        snap(rec, "page_table", md.page_table, cols=width)
+        snap(rec, "seq_lens", fb.seq_lens)
+        snap(rec, "req_pool_indices", fb.req_pool_indices)
+        snap(rec, "out_cache_loc", fb.out_cache_loc)
+        snap(rec, "positions", fb.positions)
+        starts = self.r2t.req_to_token[fb.req_pool_indices[:, None], self._strided[None, :width]]
+        snap(rec, "req_to_token_page_starts", starts)
+        rec.scalars.update(
+            max_seq_len_q=md.max_seq_len_q, kernel_q_len=md.kernel_q_len, max_seq_len_k=md.max_seq_len_k,
+            max_context_len=backend.max_context_len, num_kv_pages=self.num_kv_pages,
+            seq_len_fill_value=backend.get_cuda_graph_seq_len_fill_value(),
+            backend_num_draft_tokens=backend.speculative_num_draft_tokens,
+            refreshed_page_cols=md.refreshed_page_cols, seq_lens_cpu_max=int(fb.seq_lens_cpu.max()),
+            speculative_step_id=backend.speculative_step_id)
+        if md.captured_max_seq_len_q is not None:
+            rec.scalars["captured_max_seq_len_q"] = md.captured_max_seq_len_q
+
+
+def request_states(reqs: list[Any], seq_before: list[int], seq_after: list[int], q_lens: list[int],
+                   drafts: list[list[int]] | None = None, accepted: list[list[int]] | None = None) -> list[RequestState]:
+    """RequestState rows for a step's live batch."""
+    out = []
+    for i, r in enumerate(reqs):
+        acc = accepted[i] if accepted else []
+        out.append(RequestState(
+            request_id=r.request_id, slot=r.slot, seq_len_before=seq_before[i], seq_len_after=seq_after[i],
+            num_q_tokens=q_lens[i], draft_tokens=tuple(drafts[i]) if drafts else (),
+            accepted_tokens=tuple(acc), accept_length=len(acc)))
+    return out
+
+
+def _tokens_per_request(fb: ForwardBatch) -> int:
+    if fb.extend_seq_lens_cpu:
+        return max(fb.extend_seq_lens_cpu)
+    return fb.num_tokens // max(fb.batch_size, 1)
+
+
+def _with(t: ForwardBatch, mode: ForwardMode, step_id: int | None, backend: TRTLLMHABackend) -> ForwardBatch:
+    return ForwardBatch(
+        forward_mode=mode, batch_size=t.batch_size, input_ids=t.input_ids, positions=t.positions,
+        seq_lens=t.seq_lens, seq_lens_cpu=t.seq_lens_cpu, req_pool_indices=t.req_pool_indices,
+        out_cache_loc=t.out_cache_loc, req_to_token_pool=t.req_to_token_pool, token_to_kv_pool=t.token_to_kv_pool,
+        attn_backend=backend, spec_step_id=step_id)

@@ -1,0 +1,140 @@
+"""One `specscope run`: resolve the device, load the models, pick the kernels, open the trace, run, summarize."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..tracer.recorder import NullRecorder, Recorder
+from ..tracer.schema import RunInfo
+from ..tracer.store import TraceWriter
+from .engine import Engine, RunStats
+from .engine_config import ConfigError, EngineConfig
+from .loader import load_model, tokenizer_kind
+from .request import Request
+from .workload import make_requests
+
+
+@dataclass
+class SessionResult:
+    """What a run produced."""
+
+    stats: RunStats
+    requests: list[Request]
+    trace_path: str | None
+    device_name: str
+    kernels: str
+
+
+def resolve_device(device: str) -> str:
+    """"auto" -> "cuda" when a GPU is visible, else "cpu"; "cuda" without a GPU is a ConfigError."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for, but torch sees no CUDA GPU")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ConfigError(f"unknown --device {device!r} (use auto, cpu or cuda)")
+    return device
+
+
+def select_kernels(cfg: EngineConfig) -> Any:
+    """The attention kernels for the device: reference on the CPU, flashinfer by architecture on a GPU."""
+    if cfg.device == "cpu":
+        from .reference_attention import ReferenceKernels
+
+        return ReferenceKernels()
+    from .flashinfer_kernels import make_flashinfer_kernels
+
+    return make_flashinfer_kernels(torch.device(cfg.device), prefill=cfg.prefill_kernel)
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _versions() -> dict[str, str]:
+    v = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        from importlib.metadata import version
+
+        v["specscope"] = version("specscope")
+    except Exception:  # noqa: BLE001 - running from a source tree
+        v["specscope"] = "source"
+    try:
+        import flashinfer
+
+        v["flashinfer"] = flashinfer.__version__
+    except Exception:  # noqa: BLE001 - flashinfer is only on GPU hosts
+        pass
+    if torch.version.cuda:
+        v["cuda"] = torch.version.cuda
+    return v
+
+
+def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, overwrite: bool = False,
+                progress: Callable[[int, int], None] | None = None, random_weights: bool = False) -> SessionResult:
+    """Run `cfg` end to end, recording into `trace_path` (no trace when None)."""
+    cfg.device = resolve_device(cfg.device)
+    if cfg.dtype == "auto":
+        cfg.dtype = "bfloat16" if cfg.device.startswith("cuda") else "float32"
+    cfg.validate()
+    dev = torch.device(cfg.device)
+    target = load_model(cfg.model, device=dev, dtype=cfg.torch_dtype, random_weights=random_weights,
+                        seed=cfg.seed)
+    draft = None
+    if cfg.spec_steps > 0:
+        draft = load_model(cfg.draft, device=dev, dtype=cfg.torch_dtype, random_weights=random_weights,
+                           seed=cfg.seed + 1)
+        if draft[1].vocab_size != target[1].vocab_size:
+            raise ConfigError(f"draft vocab ({draft[1].vocab_size}) differs from target vocab "
+                              f"({target[1].vocab_size})")
+    tcfg = target[1]
+    byte_level = tokenizer_kind(tcfg) == "bytes"
+    stops = frozenset() if cfg.ignore_eos else frozenset(tcfg.eos_token_ids)
+    requests = make_requests(num_requests=cfg.num_requests, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                             vocab_size=tcfg.vocab_size, byte_level=byte_level, prompt_len=cfg.prompt_len,
+                             arrival_gap=cfg.arrival_gap, stop_token_ids=stops)
+    need = cfg.prompt_len[1] + cfg.max_new_tokens + 2 * cfg.verify_tokens + 2
+    cfg.max_context_len = -(-need // cfg.page_size) * cfg.page_size
+    if cfg.max_context_len > tcfg.max_position_embeddings:
+        raise ConfigError(f"prompts + --max-new-tokens need {need} positions, more than the model's "
+                          f"{tcfg.max_position_embeddings}")
+    kernels = select_kernels(cfg)
+    device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    cap = ".".join(map(str, torch.cuda.get_device_capability(dev))) if dev.type == "cuda" else None
+    writer = None
+    recorder: Recorder | NullRecorder = NullRecorder()
+    if trace_path:
+        info = RunInfo(command=command, config=cfg.to_dict(), target_model=str(cfg.model),
+                       draft_model=str(cfg.draft) if cfg.spec_steps else None, device=device_name,
+                       device_capability=cap, attention_kernel=kernels.name, versions=_versions(),
+                       git_commit=_git_commit(), start_ns=time.time_ns(), hostname=socket.gethostname())
+        writer = TraceWriter(trace_path, info, overwrite=overwrite)
+        recorder = Recorder(writer, dev)
+    try:
+        engine = Engine(cfg, target, draft, kernels, recorder)
+        stats = engine.run(requests, progress)
+    finally:
+        # Everything recorded so far reaches the file even when the run fails part-way.
+        recorder.close()
+    return SessionResult(stats, requests, trace_path, device_name, kernels.name)
+
+
+def environment_summary() -> str:
+    """One line about where this runs (for error messages and the demo banner)."""
+    return f"python {platform.python_version()} on {platform.machine()}, pid {os.getpid()}, {sys.platform}"

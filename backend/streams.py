@@ -1,0 +1,60 @@
+"""Compute and plan streams: real CUDA streams on a GPU, host-ordered no-ops on the CPU; NVTX ranges per phase."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+class Streams:
+    """The compute stream and the overlap plan stream of one engine."""
+
+    def __init__(self, device: torch.device, plan_stream: bool) -> None:
+        self.is_cuda = device.type == "cuda"
+        self.device = device
+        self.plan_enabled = plan_stream
+        self.compute: Any = torch.cuda.current_stream(device) if self.is_cuda else None
+        self.plan: Any = torch.cuda.Stream(device) if (self.is_cuda and plan_stream) else None
+
+    @contextlib.contextmanager
+    def on_plan(self) -> Iterator[Any]:
+        """Run the body on the plan stream (or the compute stream when the plan stream is off)."""
+        if self.plan is None:
+            yield self.compute
+            return
+        with torch.cuda.stream(self.plan):
+            yield self.plan
+
+    def record_event(self, stream: Any) -> Any:
+        """An event on `stream` (None on the CPU)."""
+        if not self.is_cuda:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        return ev
+
+    def plan_wait(self, event: Any) -> None:
+        """Order the plan stream after `event` (the producers of seq_lens and req_to_token)."""
+        if self.plan is not None and event is not None:
+            self.plan.wait_event(event)
+
+    def compute_wait_plan(self) -> None:
+        """Order the compute stream after everything enqueued on the plan stream."""
+        if self.plan is not None:
+            self.compute.wait_stream(self.plan)
+
+
+@contextlib.contextmanager
+def nvtx(name: str, enabled: bool) -> Iterator[None]:
+    """An NVTX range, so a run lines up with Nsight Systems; nothing on the CPU."""
+    if not enabled:
+        yield
+        return
+    torch.cuda.nvtx.range_push(name)
+    try:
+        yield
+    finally:
+        torch.cuda.nvtx.range_pop()

@@ -1,0 +1,270 @@
+"""Our re-implementation of SGLang's `TRTLLMHAAttnBackend`: metadata per forward mode, CUDA-graph state with a
+build step (bind views at capture) and an apply step (refresh them before every replay), and the kernel calls.
+
+Metadata follows `reference/sglang-trtllm-mha.md` §3.2 (sglang 0.5.13). The kernels are pluggable: the
+reference kernels on the CPU, flashinfer's XQA / FMHAv2 / trtllm-gen on GPUs (`flashinfer_kernels.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from ..tracer.schema import ForwardMode
+from .attention_backend import AttentionBackend
+from .spec_mask import packed_causal_mask
+
+if TYPE_CHECKING:
+    from .attention_layer import AttentionLayer
+    from .forward_batch import ForwardBatch
+    from .memory import KVPool, ReqToTokenPool
+
+
+class AttentionKernels(Protocol):
+    """The two kernel entry points the backend calls (see `reference_attention.ReferenceKernels`)."""
+
+    name: str
+
+    def decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, page_table: torch.Tensor,
+               cache_seqlens: torch.Tensor, *, q_len_per_req: int, page_size: int, scaling: float,
+               mask: torch.Tensor | None, max_seq_len: int) -> torch.Tensor: ...
+
+    def context(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, page_table: torch.Tensor,
+                cache_seqlens: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
+                max_q_len: int, max_kv_len: int, batch_size: int, page_size: int,
+                scaling: float) -> torch.Tensor: ...
+
+
+@dataclass
+class TRTLLMMHAMetadata:
+    """What the kernels consume (`TRTLLMMHAMetadata`, TMB L47-64)."""
+
+    cache_seqlens_int32: torch.Tensor | None = None  # int32 [rows]: KV length incl. this forward's tokens
+    max_seq_len_q: int = 1  # tokens per request; frozen into a graph at capture
+    max_seq_len_k: int = 0  # host max(cache_seqlens); sizes the page-table refresh only
+    cu_seqlens_q: torch.Tensor | None = None  # int32 [rows+1]
+    cu_seqlens_k: torch.Tensor | None = None  # int32 [rows+1]
+    page_table: torch.Tensor | None = None  # int32 [rows, W]: physical page of logical page j
+    # Graph bookkeeping (not in SGLang's dataclass; we record it so checks can compare capture and replay).
+    captured_max_seq_len_q: int | None = None  # the value the graph froze; None for eager metadata
+    refreshed_page_cols: int = -1  # page-table columns the last apply wrote (-1: the whole eager table)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kernel_q_len(self) -> int:
+        """`q_len_per_req` the kernel runs with: the captured value inside a graph, else the live one."""
+        return self.max_seq_len_q if self.captured_max_seq_len_q is None else self.captured_max_seq_len_q
+
+
+_GRAPH_KINDS = (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+
+
+class TRTLLMHABackend(AttentionBackend):
+    """TRTLLM MHA attention over a paged KV cache (one instance per model / draft step)."""
+
+    def __init__(
+        self, *, req_to_token_pool: ReqToTokenPool, kv_pool: KVPool, page_size: int, max_context_len: int,
+        num_draft_tokens: int, kernels: AttentionKernels, device: torch.device, speculative_step_id: int = 0,
+        faults: frozenset[str] = frozenset(),
+    ) -> None:
+        self.req_to_token = req_to_token_pool.req_to_token
+        self.kv_pool = kv_pool
+        self.page_size = page_size
+        self.max_context_len = max_context_len
+        # Cached once at construction, like SGLang's `self.speculative_num_draft_tokens` (TMB L125-127).
+        self.speculative_num_draft_tokens = num_draft_tokens
+        self.speculative_step_id = speculative_step_id
+        self.kernels = kernels
+        self.device = device
+        self.faults = faults
+        self.forward_metadata = TRTLLMMHAMetadata()
+        self.graph_metadata: dict[tuple[ForwardMode, int], TRTLLMMHAMetadata] = {}
+        self._buffers: dict[ForwardMode, dict[str, torch.Tensor]] = {}
+        self._masks: dict[int, torch.Tensor] = {}
+        self._max_bs = 0
+
+    # ---- eager ---------------------------------------------------------------------------------------
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        """Eager metadata per forward mode (TMB L649-768)."""
+        bs, mode, dev = fb.batch_size, fb.forward_mode, self.device
+        seq_lens = fb.seq_lens[:bs]
+        s_max = int(fb.seq_lens_cpu[:bs].max()) if bs else 0
+        md = TRTLLMMHAMetadata()
+        if mode == ForwardMode.DECODE:
+            md.cache_seqlens_int32 = seq_lens.to(torch.int32)
+            md.max_seq_len_k = s_max
+            md.cu_seqlens_q = torch.arange(0, bs + 1, dtype=torch.int32, device=dev)
+        elif mode == ForwardMode.DRAFT_DECODE:
+            off = self.speculative_step_id + 1
+            md.cache_seqlens_int32 = (seq_lens + off).to(torch.int32)
+            md.max_seq_len_k = s_max + off
+            md.cu_seqlens_q = torch.arange(0, bs + 1, dtype=torch.int32, device=dev)
+        elif mode == ForwardMode.TARGET_VERIFY:
+            t = fb.num_tokens // bs
+            md.cache_seqlens_int32 = (seq_lens + t).to(torch.int32)
+            md.max_seq_len_q = t
+            md.max_seq_len_k = s_max + t
+            md.cu_seqlens_q = torch.arange(0, bs * t + 1, t, dtype=torch.int32, device=dev)
+        elif mode in (ForwardMode.DRAFT_EXTEND, ForwardMode.EXTEND):
+            ext = fb.extend_seq_lens_cpu or []
+            md.cache_seqlens_int32 = seq_lens.to(torch.int32)
+            md.max_seq_len_k = s_max
+            md.max_seq_len_q = max(ext) if ext else 1
+            cu_q = torch.zeros(bs + 1, dtype=torch.int32)
+            cu_q[1:] = torch.cumsum(torch.tensor(ext, dtype=torch.int32), 0)
+            md.cu_seqlens_q = cu_q.to(dev)
+        else:
+            raise ValueError(f"unsupported forward mode {mode}")
+        md.cu_seqlens_k = _prefix_sum(md.cache_seqlens_int32)
+        width = -(-md.max_seq_len_k // self.page_size)
+        strided = torch.arange(0, width * self.page_size, self.page_size, device=dev)
+        rpi = fb.req_pool_indices[:bs]
+        md.page_table = (self.req_to_token[rpi[:, None], strided[None, :]] // self.page_size).to(torch.int32)
+        self.forward_metadata = md
+
+    # ---- CUDA graphs ---------------------------------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """Static buffers per graph kind (TMB L235-334)."""
+        dev, k = self.device, self.speculative_num_draft_tokens
+        max_pages = -(-self.max_context_len // self.page_size)
+        self._max_bs = max_bs
+        for mode in _GRAPH_KINDS:
+            bufs = {
+                "cache_seqlens": torch.zeros(max_bs, dtype=torch.int32, device=dev),
+                "cu_seqlens_k": torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
+                "page_table": torch.zeros(max_bs, max_pages, dtype=torch.int32, device=dev),
+            }
+            if mode == ForwardMode.TARGET_VERIFY:
+                # Static, stride K, never rewritten (TMB L290-296); the decode kernel does not read it.
+                bufs["cu_seqlens_q"] = torch.arange(0, max_bs * k + 1, k, dtype=torch.int32, device=dev)
+            elif mode == ForwardMode.DRAFT_EXTEND:
+                bufs["cu_seqlens_q"] = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
+            else:
+                bufs["cu_seqlens_q"] = torch.arange(0, max_bs + 1, dtype=torch.int32, device=dev)
+            self._buffers[mode] = bufs
+        self._strided = torch.arange(0, max_pages * self.page_size, self.page_size, device=dev)
+
+    def _build_cuda_graph_metadata(self, bs: int, num_tokens: int, mode: ForwardMode) -> TRTLLMMHAMetadata:
+        """Bind `[:bs]` views of the static buffers (TMB L336-432); these addresses are what the graph holds."""
+        bufs = self._buffers[mode]
+        md = TRTLLMMHAMetadata(
+            cache_seqlens_int32=bufs["cache_seqlens"][:bs],
+            cu_seqlens_q=bufs["cu_seqlens_q"][: bs + 1],
+            cu_seqlens_k=bufs["cu_seqlens_k"][: bs + 1],
+            page_table=bufs["page_table"][:bs],
+        )
+        if mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND):
+            md.max_seq_len_q = num_tokens // bs  # from the captured request shape (post-#27495)
+        self.graph_metadata[(mode, bs)] = md
+        return md
+
+    def _apply_cuda_graph_metadata(
+        self, md: TRTLLMMHAMetadata, bs: int, fb: ForwardBatch, *, in_capture: bool,
+    ) -> None:
+        """Refresh the bound views in place (TMB L434-555). Runs at capture and before every replay."""
+        mode = fb.forward_mode
+        seq_lens = fb.seq_lens[:bs]
+        s_max = int(fb.seq_lens_cpu[:bs].max())
+        if mode == ForwardMode.DECODE:
+            md.cache_seqlens_int32.copy_(seq_lens)
+            md.max_seq_len_k = s_max
+        elif mode == ForwardMode.DRAFT_DECODE:
+            off = self.speculative_step_id + 1
+            if not (in_capture and "zero-cache-seqlens-at-capture" in self.faults):
+                md.cache_seqlens_int32.copy_(seq_lens + off)
+            md.max_seq_len_k = s_max + off
+        elif mode == ForwardMode.TARGET_VERIFY:
+            if "max-seq-len-q-override" in self.faults:
+                md.max_seq_len_q = self.speculative_num_draft_tokens  # the line PR #27495 removed
+            md.cache_seqlens_int32.copy_(seq_lens + md.max_seq_len_q)
+            md.max_seq_len_k = s_max + md.max_seq_len_q
+        elif mode == ForwardMode.DRAFT_EXTEND:
+            md.cache_seqlens_int32.copy_(seq_lens)
+            k = md.max_seq_len_q
+            md.cu_seqlens_q[1:].copy_(torch.arange(k, bs * k + 1, k, dtype=torch.int32, device=self.device))
+            md.max_seq_len_k = s_max
+        md.cu_seqlens_k[1:].copy_(torch.cumsum(md.cache_seqlens_int32, 0, dtype=torch.int32))
+        n_pages = -(-md.max_seq_len_k // self.page_size)
+        if in_capture or "stale-page-table" not in self.faults:
+            rpi = fb.req_pool_indices[:bs]
+            md.page_table[:, :n_pages].copy_(
+                self.req_to_token[rpi[:, None], self._strided[None, :n_pages]] // self.page_size)
+            md.refreshed_page_cols = n_pages
+        else:
+            md.refreshed_page_cols = 0
+
+    def init_forward_metadata_capture_cuda_graph(self, bs: int, num_tokens: int, fb: ForwardBatch) -> None:
+        """Capture: build + apply, then freeze the scalars the graph bakes in."""
+        md = self._build_cuda_graph_metadata(bs, num_tokens, fb.forward_mode)
+        self._apply_cuda_graph_metadata(md, bs, fb, in_capture=True)
+        md.captured_max_seq_len_q = md.max_seq_len_q
+        self.forward_metadata = md
+
+    def init_forward_metadata_replay_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
+        """Replay prep: refresh the views bound at capture."""
+        md = self.graph_metadata[(fb.forward_mode, bs)]
+        self._apply_cuda_graph_metadata(md, bs, fb, in_capture=False)
+        self.forward_metadata = md
+
+    def spec_mask(self, rows: int, q_len: int) -> torch.Tensor:
+        """The packed causal mask XQA needs for verify, built once per T (like `_xqa_spec_dec_mask`)."""
+        m = self._masks.get(q_len)
+        if m is None or m.shape[0] < rows:
+            m = packed_causal_mask(max(rows, self._max_bs, 1), q_len, self.device)
+            self._masks[q_len] = m
+        return m[:rows]
+
+    # ---- kernels -------------------------------------------------------------------------------------
+    def forward_decode(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        """Decode / draft decode: q_len_per_req = 1."""
+        if save_kv_cache:
+            self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
+        md = self.forward_metadata
+        out = self.kernels.decode(
+            q, self.kv_pool.k_buffer[layer.layer_id], self.kv_pool.v_buffer[layer.layer_id], md.page_table,
+            md.cache_seqlens_int32, q_len_per_req=1, page_size=self.page_size, scaling=layer.scaling,
+            mask=None, max_seq_len=self.max_context_len)
+        return out.reshape(q.shape[0], -1)
+
+    def forward_extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        """Target verify through the decode kernel with q_len_per_req = T; extend through the context kernel."""
+        if save_kv_cache:
+            self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
+        md = self.forward_metadata
+        k_buf, v_buf = self.kv_pool.k_buffer[layer.layer_id], self.kv_pool.v_buffer[layer.layer_id]
+        if fb.forward_mode == ForwardMode.TARGET_VERIFY:
+            t = md.kernel_q_len
+            rows = q.shape[0] // t
+            out = self.kernels.decode(
+                q, k_buf, v_buf, md.page_table, md.cache_seqlens_int32, q_len_per_req=t,
+                page_size=self.page_size, scaling=layer.scaling, mask=self.spec_mask(rows, t),
+                max_seq_len=self.max_context_len)
+        else:
+            out = self.kernels.context(
+                q, k_buf, v_buf, md.page_table, md.cache_seqlens_int32, md.cu_seqlens_q, md.cu_seqlens_k,
+                max_q_len=md.kernel_q_len, max_kv_len=self.max_context_len,
+                batch_size=md.cu_seqlens_q.shape[0] - 1, page_size=self.page_size, scaling=layer.scaling)
+        return out.reshape(q.shape[0], -1)
+
+
+class MissingFixupHookBackend(TRTLLMHABackend):
+    """Fault `missing-fixup-hook`: the backend as it was before PR #25925, inheriting the raising base hook."""
+
+    def update_verify_buffers_to_fill_after_draft(self, spec_info: Any, cuda_graph_bs: int | None) -> None:
+        """The pre-#25925 behaviour: SGLang's base class raised here."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement update_verify_buffers_to_fill_after_draft")
+
+
+def _prefix_sum(x: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(x.shape[0] + 1, dtype=torch.int32, device=x.device)
+    out[1:] = torch.cumsum(x, 0, dtype=torch.int32)
+    return out

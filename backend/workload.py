@@ -1,0 +1,47 @@
+"""Prompts and arrival times for a run: held-out CPython stdlib text for byte-level models, random ids otherwise."""
+
+from __future__ import annotations
+
+import random
+import sysconfig
+import zlib
+from pathlib import Path
+
+from .request import Request
+
+# Same split as scripts/train_tiny.py: files with crc32(relpath) % 50 == 0 were never trained on.
+_SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "ensurepip", "turtledemo", "__pycache__"}
+
+
+def held_out_text() -> bytes:
+    """The held-out stdlib files, concatenated (a few hundred KB)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts = []
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root)
+        if _SKIP_DIRS.intersection(rel.parts[:-1]) or zlib.crc32(rel.as_posix().encode()) % 50:
+            continue
+        parts.append(p.read_bytes())
+    return b"\n".join(parts)
+
+
+def make_requests(
+    *, num_requests: int, max_new_tokens: int, seed: int, vocab_size: int, byte_level: bool,
+    prompt_len: tuple[int, int], arrival_gap: tuple[int, int], stop_token_ids: frozenset[int],
+) -> list[Request]:
+    """Requests with seeded prompts and arrival iterations, so batch sizes change as they come and go."""
+    rng = random.Random(seed)
+    text = held_out_text() if byte_level else b""
+    reqs, arrival = [], 0
+    for i in range(num_requests):
+        n = rng.randint(*prompt_len)
+        if byte_level and len(text) > n:
+            # Start prompts at line starts: realistic code prefixes, not mid-token noise.
+            start = text.find(b"\n", rng.randrange(len(text) - n - 1)) + 1
+            prompt = list(text[start:start + n]) or [10]
+        else:
+            prompt = [rng.randrange(1, vocab_size) for _ in range(n)]
+        reqs.append(Request(request_id=i, prompt=prompt, max_new_tokens=max_new_tokens,
+                            arrival_iteration=arrival, stop_token_ids=stop_token_ids))
+        arrival += rng.randint(*arrival_gap)
+    return reqs

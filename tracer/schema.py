@@ -1,0 +1,282 @@
+"""Trace schema v1: the frozen, typed records a specscope trace is made of.
+
+Units live in names (`*_ns` nanoseconds, `num_*` counts, `is_*` booleans). Every record is a frozen
+dataclass that round-trips through `to_dict` / `from_dict` (plain JSON types; arrays stay numpy).
+`docs/trace-format.md` documents every field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SCHEMA_MAJOR = 1
+SCHEMA_MINOR = 0
+SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
+MAGIC = "specscope-trace"
+
+
+class ForwardMode(str, enum.Enum):
+    """Forward modes, named as SGLang names them."""
+
+    EXTEND = "EXTEND"
+    DECODE = "DECODE"
+    DRAFT_DECODE = "DRAFT_DECODE"
+    TARGET_VERIFY = "TARGET_VERIFY"
+    DRAFT_EXTEND = "DRAFT_EXTEND"
+
+
+class GraphPhase(str, enum.Enum):
+    """How a step ran: without a graph, while capturing one, or by replaying one."""
+
+    EAGER = "eager"
+    CAPTURE = "capture"
+    REPLAY = "replay"
+
+
+class Severity(str, enum.Enum):
+    """Severity of an invariant violation."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One per trace: how the run was configured and where it ran."""
+
+    command: str  # the exact command line that produced the trace
+    config: dict[str, Any]  # every engine setting (batch size, spec steps, page size, graphs, ...)
+    target_model: str  # path or "tiny"
+    draft_model: str | None  # path, "tiny", or None for plain decode
+    device: str  # e.g. "NVIDIA H200" or "cpu"
+    device_capability: str | None  # e.g. "9.0"; None on the CPU
+    attention_kernel: str  # "reference", "xqa+fmha_v2", "trtllm-gen", ...
+    versions: dict[str, str]  # python, torch, flashinfer, specscope, cuda
+    git_commit: str | None
+    start_ns: int  # wall clock (time.time_ns) when the run began
+    hostname: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunInfo:
+        """Inverse of `to_dict`; ignores unknown keys (minor-version additions)."""
+        return cls(**_known(cls, d))
+
+
+@dataclass(frozen=True)
+class RequestState:
+    """One live row of a step's batch: what one request looked like to this forward."""
+
+    request_id: int
+    slot: int  # row of req_to_token (req_pool_index)
+    seq_len_before: int  # committed KV length S before this step's tokens
+    seq_len_after: int  # committed KV length after the step (after acceptance for TARGET_VERIFY)
+    num_q_tokens: int  # query tokens this row contributed to the forward
+    draft_tokens: tuple[int, ...] = ()  # TARGET_VERIFY: the drafted tokens (root excluded)
+    accepted_tokens: tuple[int, ...] = ()  # TARGET_VERIFY: tokens committed (bonus included)
+    accept_length: int = 0  # TARGET_VERIFY: len(accepted_tokens); 0 for other modes
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        d = dataclasses.asdict(self)
+        d["draft_tokens"] = list(self.draft_tokens)
+        d["accepted_tokens"] = list(self.accepted_tokens)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestState:
+        """Inverse of `to_dict`."""
+        k = _known(cls, d)
+        k["draft_tokens"] = tuple(int(t) for t in k.get("draft_tokens", ()))
+        k["accepted_tokens"] = tuple(int(t) for t in k.get("accepted_tokens", ()))
+        return cls(**k)
+
+
+@dataclass(frozen=True)
+class ArraySnapshot:
+    """A metadata tensor as the kernel consumed it: values plus dtype, shape and device address.
+
+    `values` holds the recorded part (live and padded rows; only the live columns of page tables),
+    so `values.shape` may be smaller than `shape`, which is the full tensor's shape.
+    """
+
+    name: str
+    dtype: str  # numpy dtype name of the source tensor, e.g. "int32"
+    shape: tuple[int, ...]  # full shape of the tensor the kernel saw
+    data_ptr: int  # device address; 0 when unknown
+    values: np.ndarray
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ArraySnapshot):
+            return NotImplemented
+        return (
+            (self.name, self.dtype, tuple(self.shape), self.data_ptr)
+            == (other.name, other.dtype, tuple(other.shape), other.data_ptr)
+            and self.values.dtype == other.values.dtype
+            and np.array_equal(self.values, other.values)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class StreamSpan:
+    """A timed region on one stream: "plan", "compute" (GPU) or "host"."""
+
+    stream: str
+    name: str  # phase, e.g. "metadata", "attention", "draft", "verify"
+    start_ns: int
+    end_ns: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StreamSpan:
+        """Inverse of `to_dict`."""
+        return cls(**_known(cls, d))
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One invariant that a step broke."""
+
+    check_id: str  # e.g. "I5"
+    severity: Severity
+    step: int
+    message: str  # names the step, the request and the values that disagree
+    request_id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        d = dataclasses.asdict(self)
+        d["severity"] = self.severity.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Violation:
+        """Inverse of `to_dict`."""
+        k = _known(cls, d)
+        k["severity"] = Severity(k["severity"])
+        return cls(**k)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One forward of one model (target or draft) over one batch, with everything it consumed."""
+
+    index: int  # 0-based, dense, in recording order
+    iteration: int  # scheduler iteration this step belongs to
+    mode: ForwardMode
+    model: str  # "target" or "draft"
+    step_id: int | None  # DRAFT_DECODE: draft step i (0-based); None otherwise
+    batch_size: int  # live rows
+    padded_batch_size: int  # rows the kernel ran (captured graph size), >= batch_size
+    graph: GraphPhase
+    tokens_per_request: int  # T: query tokens per row in this forward (EXTEND: max extend length)
+    num_draft_tokens: int  # K: configured tokens per verify (spec steps + 1; 1 for plain decode)
+    page_size: int
+    start_ns: int  # host monotonic clock (time.perf_counter_ns) at step start
+    end_ns: int
+    scalars: dict[str, int] = field(default_factory=dict)  # max_seq_len_q, max_seq_len_k, frozen_*, ...
+    requests: tuple[RequestState, ...] = ()
+    arrays: tuple[ArraySnapshot, ...] = ()
+    spans: tuple[StreamSpan, ...] = ()
+    violations: tuple[Violation, ...] = ()  # found while recording (the recorder's own checks)
+
+    def array(self, name: str) -> ArraySnapshot | None:
+        """The snapshot called `name`, or None."""
+        for a in self.arrays:
+            if a.name == name:
+                return a
+        return None
+
+    def header_dict(self) -> dict[str, Any]:
+        """The scalar fields (no requests, arrays, spans or violations) in plain-JSON form."""
+        return {
+            "index": self.index,
+            "iteration": self.iteration,
+            "mode": self.mode.value,
+            "model": self.model,
+            "step_id": self.step_id,
+            "batch_size": self.batch_size,
+            "padded_batch_size": self.padded_batch_size,
+            "graph": self.graph.value,
+            "tokens_per_request": self.tokens_per_request,
+            "num_draft_tokens": self.num_draft_tokens,
+            "page_size": self.page_size,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "scalars": dict(self.scalars),
+        }
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """A request's whole life: written when it finishes (or when the run ends)."""
+
+    request_id: int
+    prompt_tokens: tuple[int, ...]
+    output_tokens: tuple[int, ...]
+    arrival_iteration: int
+    finish_iteration: int | None  # None if the run ended first
+    finish_reason: str  # "length", "stop", "unfinished"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        d = dataclasses.asdict(self)
+        d["prompt_tokens"] = list(self.prompt_tokens)
+        d["output_tokens"] = list(self.output_tokens)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
+        """Inverse of `to_dict`."""
+        k = _known(cls, d)
+        k["prompt_tokens"] = tuple(int(t) for t in k["prompt_tokens"])
+        k["output_tokens"] = tuple(int(t) for t in k["output_tokens"])
+        return cls(**k)
+
+
+def step_from_parts(
+    header: dict[str, Any],
+    requests: list[dict[str, Any]],
+    arrays: list[ArraySnapshot],
+    spans: list[dict[str, Any]],
+    violations: list[dict[str, Any]],
+) -> Step:
+    """Assemble a Step from its stored parts (the inverse of `Step.header_dict` and friends)."""
+    return Step(
+        index=int(header["index"]),
+        iteration=int(header["iteration"]),
+        mode=ForwardMode(header["mode"]),
+        model=str(header["model"]),
+        step_id=None if header.get("step_id") is None else int(header["step_id"]),
+        batch_size=int(header["batch_size"]),
+        padded_batch_size=int(header["padded_batch_size"]),
+        graph=GraphPhase(header["graph"]),
+        tokens_per_request=int(header["tokens_per_request"]),
+        num_draft_tokens=int(header["num_draft_tokens"]),
+        page_size=int(header["page_size"]),
+        start_ns=int(header["start_ns"]),
+        end_ns=int(header["end_ns"]),
+        scalars={str(k): int(v) for k, v in header.get("scalars", {}).items()},
+        requests=tuple(RequestState.from_dict(r) for r in requests),
+        arrays=tuple(arrays),
+        spans=tuple(StreamSpan.from_dict(s) for s in spans),
+        violations=tuple(Violation.from_dict(v) for v in violations),
+    )
+
+
+def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in d.items() if k in names}

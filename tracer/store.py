@@ -1,0 +1,49 @@
+"""The trace store: one SQLite file (WAL) per trace, written by TraceWriter and read by TraceReader.
+
+The table layout is in `tables.py` and `docs/trace-format.md`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterable
+
+from . import tables
+from .errors import TraceError
+from .reader import TraceReader
+from .schema import Violation
+from .writer import TraceWriter, connect_rw
+
+__all__ = ["TraceError", "TraceReader", "TraceWriter", "append_violations"]
+
+
+def append_violations(
+    path: str | os.PathLike[str],
+    violations: Iterable[Violation],
+    *,
+    source: str = "check",
+    replace: bool = False,
+) -> int:
+    """Add violations found after the run to a trace (one transaction); returns how many were added.
+
+    With `replace=True`, violations previously added with the same `source` are removed first, so
+    re-running a checker does not duplicate them. Safe while a writer is still appending.
+    """
+    path = os.fspath(path)
+    rows = [tables.violation_row(v, source) for v in violations]
+    with TraceReader(path):  # validates: a specscope trace this version can read
+        pass
+    try:
+        conn = connect_rw(path)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            if replace:
+                conn.execute("DELETE FROM violations WHERE source = ?", (source,))
+            conn.executemany(tables.INSERT_VIOLATION, rows)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise TraceError(f"cannot add violations (SQLite: {e})", path) from None
+    return len(rows)

@@ -1,0 +1,80 @@
+"""The `specscope` command: argparse front end that dispatches to `ui/cmd_<name>.py` modules.
+
+A subcommand is a module `specscope.ui.cmd_<name>` exposing `add_parser(subparsers) -> None` and
+`run(args) -> int`. Its top level imports only the standard library; heavy dependencies (torch,
+textual, dash) are imported inside `run`, so `specscope info` never loads torch and `specscope run`
+on a bare GPU host never loads textual. Add a subcommand by appending its name to SUBCOMMANDS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+# The order `specscope --help` lists them in. Planned: "run", "demo", "check", "tui", "web", "export".
+SUBCOMMANDS: list[str] = ["run", "info", "check"]
+
+EXIT_OK = 0
+EXIT_UNREADABLE = 2  # also argparse's usage-error code
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("specscope")
+    except Exception:  # noqa: BLE001 - not installed as a distribution (e.g. a source checkout)
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="specscope",
+        description="Record, check and inspect speculative-decoding steps of a TRTLLM MHA attention backend.",
+    )
+    parser.add_argument("--version", action="version", version=f"specscope {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"specscope.ui.cmd_{name}")
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "run", None) is None:
+        parser.print_help()
+        return EXIT_UNREADABLE
+    from specscope.tracer.errors import TraceError
+
+    try:
+        return int(args.run(args))
+    except TraceError as e:
+        _error(str(e))
+        return EXIT_UNREADABLE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `specscope info t.db | head`: the reader went away; say nothing.
+        sys.stderr.close()
+        return EXIT_OK
+    except Exception as e:
+        if os.environ.get("SPECSCOPE_DEBUG"):
+            raise
+        _error(f"{type(e).__name__}: {e} (set SPECSCOPE_DEBUG=1 for a traceback)")
+        return EXIT_UNREADABLE
+
+
+def _error(message: str) -> None:
+    # Always exactly one line: tools and tests parse stderr.
+    print(f"specscope: error: {' '.join(message.split())}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
