@@ -41,7 +41,9 @@ class AttentionBackend(ABC):
         """Buffers the draft writes in place for verify (tree mask, positions); none by default."""
         return [None, None]
 
-    def update_verify_buffers_to_fill_after_draft(self, spec_info: Any, cuda_graph_bs: int | None) -> None:
+    def update_verify_buffers_to_fill_after_draft(  # noqa: B027 - a deliberate no-op default (PR #25925)
+        self, spec_info: Any, cuda_graph_bs: int | None,
+    ) -> None:
         """Plan-stream fix-up after the draft; a no-op unless verify metadata depends on draft outputs."""
 
     def forward(

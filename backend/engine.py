@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from ..tracer.recorder import NullRecorder, Recorder
-from ..tracer.schema import ForwardMode, RequestRecord, Violation, Severity
+from ..tracer.schema import ForwardMode, RequestRecord, Severity, Violation
 from .engine_config import EngineConfig
 from .forward_batch import ForwardBatch
 from .memory import PageAllocator, ReqToTokenPool, RequestKV
-from .model_runner import GRAPH_MODES, ModelRunner, request_states
+from .model_runner import ModelRunner, request_states
 from .request import Request
 from .sampling import greedy_accept, rejection_accept
 from .streams import Streams, nvtx
@@ -60,7 +60,7 @@ class Engine:
         pages_per_req = -(-cfg.max_context_len // p)
         num_pages = cfg.batch_size * pages_per_req + 2
         self.pages = PageAllocator(num_pages, p)
-        common = dict(dtype=cfg.torch_dtype, r2t=self.r2t, num_kv_slots=num_pages * p, num_kv_pages=num_pages,
+        common = dict(dtype=cfg.torch_dtype, r2t=self.r2t, num_kv_pages=num_pages,
                       page_size=p, max_context_len=cfg.max_context_len, num_draft_tokens=self.K,
                       kernels=kernels, device=self.device, faults=cfg.faults, recorder=recorder)
         tm, tc = target
@@ -323,7 +323,7 @@ class Engine:
             rec_v.requests = request_states(reqs, s, s_after, [T] * bs, d_host, accepted)
             rec_v.scalars.update(plan_scalars, fixup_hook_ok=hook_ok, compute_waited_plan=int(plan_on))
             self.recorder.end_step(rec_v)
-        for b, acc in enumerate(accepted):
+        for acc in accepted:
             self.stats.verify_rows += 1
             self.stats.accepted_total += len(acc)
             for j in range(len(acc) - 1):

@@ -30,15 +30,18 @@ def capture_ladder(max_bs: int) -> list[int]:
 class _Captured:
     graph: torch.cuda.CUDAGraph | None
     logits: torch.Tensor | None  # static output buffer (GPU); None on the CPU
+    packed: torch.Tensor | None  # static snapshot buffer the graph refills on each replay (GPU, tracing)
 
 
 class GraphRunner:
     """Captures one forward kind (mode, model, draft step) for every ladder size and replays padded batches."""
 
     def __init__(
-        self, *, name: str, mode: ForwardMode, forward: Callable[[torch.Tensor, torch.Tensor, ForwardBatch], torch.Tensor],
+        self, *, name: str, mode: ForwardMode,
+        forward: Callable[[torch.Tensor, torch.Tensor, ForwardBatch], torch.Tensor],
         backend: TRTLLMHABackend, template: ForwardBatch, max_bs: int, tokens_per_req: int,
         device: torch.device, pad_seq_len_from_live: bool = False,
+        pack: Callable[[ForwardBatch], torch.Tensor] | None = None,
     ) -> None:
         self.name = name
         self.mode = mode
@@ -50,6 +53,7 @@ class GraphRunner:
         self.device = device
         self.use_cuda_graph = device.type == "cuda"
         self.pad_seq_len_from_live = pad_seq_len_from_live  # fault `padded-row-seqlen`
+        self.pack = pack  # the recorder's snapshot, computed inside the graph when tracing
         n = max_bs * tokens_per_req
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
@@ -91,7 +95,7 @@ class GraphRunner:
         self.backend.init_forward_metadata_capture_cuda_graph(bs, bs * self.tokens_per_req, fb)
         if not self.use_cuda_graph:
             self.forward(fb.input_ids, fb.positions, fb)
-            self.captured[bs] = _Captured(None, None)
+            self.captured[bs] = _Captured(None, None, None)
             return fb
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -104,7 +108,8 @@ class GraphRunner:
             self.mempool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.mempool):
             logits = self.forward(fb.input_ids, fb.positions, fb)
-        self.captured[bs] = _Captured(graph, logits)
+            packed = self.pack(fb) if self.pack is not None else None
+        self.captured[bs] = _Captured(graph, logits, packed)
         return fb
 
     def replay_prepare(self, live: ForwardBatch) -> ForwardBatch:
@@ -135,10 +140,12 @@ class GraphRunner:
         self.positions[:n_raw].copy_(live.positions)
         self.positions[n_raw:n].zero_()
 
-    def replay(self, fb: ForwardBatch, raw_num_tokens: int) -> torch.Tensor:
-        """Run the captured forward over the static buffers; returns logits for the live tokens."""
+    def replay(self, fb: ForwardBatch, raw_num_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the captured forward over the static buffers; returns (logits of the live tokens, the packed
+        snapshot when tracing)."""
         cap = self.captured[fb.batch_size]
         if cap.graph is not None:
             cap.graph.replay()
-            return cap.logits[:raw_num_tokens]
-        return self.forward(fb.input_ids, fb.positions, fb)[:raw_num_tokens]
+            return cap.logits[:raw_num_tokens], cap.packed
+        logits = self.forward(fb.input_ids, fb.positions, fb)[:raw_num_tokens]
+        return logits, self.pack(fb) if self.pack is not None else None

@@ -60,22 +60,28 @@ class PageAllocator:
 
 
 class KVPool:
-    """Per-layer K and V buffers `[num_slots, Hkv, D]` for one model, indexed by token slot id."""
+    """Per-layer paged KV caches `[num_pages, 2, Hkv, P, D]` (K and V interleaved per page, HND).
+
+    Slot id s lives at page s // P, offset s % P. This is the layout XQA, TRT-LLM FMHAv2 (Q_PAGED_KV_HND)
+    and flashinfer's paged prefill all take without a copy; the metadata is the same as SGLang's.
+    """
 
     def __init__(
-        self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-        device: torch.device,
+        self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
+        dtype: torch.dtype, device: torch.device,
     ) -> None:
-        shape = (num_slots, num_kv_heads, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.num_slots = num_slots
+        shape = (num_pages, 2, num_kv_heads, page_size, head_dim)
+        self.kv_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.page_size = page_size
+        self.num_pages = num_pages
         self.dtype = dtype
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write k/v `[num_tokens, Hkv, D]` at slots `loc` int64 `[num_tokens]`."""
-        self.k_buffer[layer_id][loc] = k.to(self.dtype)
-        self.v_buffer[layer_id][loc] = v.to(self.dtype)
+        buf = self.kv_buffer[layer_id]
+        page, off = loc // self.page_size, loc % self.page_size
+        buf[page, 0, :, off] = k.to(self.dtype)
+        buf[page, 1, :, off] = v.to(self.dtype)
 
 
 class RequestKV:

@@ -37,7 +37,7 @@ class ModelRunner:
 
     def __init__(
         self, *, name: str, model: torch.nn.Module, num_layers: int, num_kv_heads: int, head_dim: int,
-        dtype: torch.dtype, r2t: ReqToTokenPool, num_kv_slots: int, num_kv_pages: int, page_size: int,
+        dtype: torch.dtype, r2t: ReqToTokenPool, num_kv_pages: int, page_size: int,
         max_context_len: int, num_draft_tokens: int, num_draft_steps: int, kernels: AttentionKernels,
         device: torch.device, faults: frozenset[str], recorder: Recorder | NullRecorder,
     ) -> None:
@@ -49,8 +49,9 @@ class ModelRunner:
         self.device = device
         self.recorder = recorder
         self.faults = faults
-        self.kv_pool = KVPool(num_layers, num_kv_slots, num_kv_heads, head_dim, dtype, device)
-        target_cls = MissingFixupHookBackend if (name == "target" and "missing-fixup-hook" in faults) else TRTLLMHABackend
+        self.kv_pool = KVPool(num_layers, num_kv_pages, page_size, num_kv_heads, head_dim, dtype, device)
+        missing_hook = name == "target" and "missing-fixup-hook" in faults
+        target_cls = MissingFixupHookBackend if missing_hook else TRTLLMHABackend
 
         def make(cls: type[TRTLLMHABackend], step: int) -> TRTLLMHABackend:
             return cls(req_to_token_pool=r2t, kv_pool=self.kv_pool, page_size=page_size,
@@ -62,6 +63,7 @@ class ModelRunner:
         self.draft_backends = [make(TRTLLMHABackend, i) for i in range(num_draft_steps)]
         self.runners: dict[tuple[ForwardMode, int | None], GraphRunner] = {}
         self._strided = torch.arange(0, max_context_len + page_size, page_size, device=device)
+        self.max_context_len = max_context_len
 
     def backend_for(self, mode: ForwardMode, step_id: int | None) -> TRTLLMHABackend:
         """The backend that serves a forward mode (draft decode step i has its own)."""
@@ -77,7 +79,8 @@ class ModelRunner:
             runner = GraphRunner(
                 name=f"{self.name}:{mode.value}:{step_id}", mode=mode, forward=self.model.forward, backend=backend,
                 template=_with(template, mode, step_id, backend), max_bs=max_bs, tokens_per_req=tpr,
-                device=self.device, pad_seq_len_from_live="padded-row-seqlen" in self.faults)
+                device=self.device, pad_seq_len_from_live="padded-row-seqlen" in self.faults,
+                pack=(lambda fb, be=backend: self.pack_snapshot(be, fb)) if self.recorder.enabled else None)
             self.runners[(mode, step_id)] = runner
             for bs in capture_ladder(max_bs):
                 rec = self.recorder.begin_step(
@@ -86,7 +89,7 @@ class ModelRunner:
                     num_draft_tokens=backend.speculative_num_draft_tokens, page_size=self.page_size)
                 fb = runner.capture_one(bs)
                 if rec is not None:
-                    self.snapshot(rec, backend, fb)
+                    self.record_snapshot(rec, backend, fb, None)
                     self.recorder.end_step(rec)
 
     # ---- one forward ---------------------------------------------------------------------------------
@@ -115,26 +118,42 @@ class ModelRunner:
         """Run the forward (compute stream); returns float32 logits `[live num_tokens, vocab]`."""
         if prep.runner is not None:
             prep.runner.copy_draft_dependent_inputs(prep.live, prep.fb.batch_size)
+            logits, packed = prep.runner.replay(prep.fb, prep.live.num_tokens)
+            if rec is not None:
+                self.record_snapshot(rec, prep.backend, prep.fb, packed)
+            return logits
+        logits = self.model.forward(prep.fb.input_ids, prep.fb.positions, prep.fb)
         if rec is not None:
-            self.snapshot(rec, prep.backend, prep.fb)
-        if prep.runner is not None:
-            return prep.runner.replay(prep.fb, prep.live.num_tokens)
-        return self.model.forward(prep.fb.input_ids, prep.fb.positions, prep.fb)
+            self.record_snapshot(rec, prep.backend, prep.fb, None)
+        return logits
 
-    def snapshot(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch) -> None:
-        """Record the metadata the kernels consume, and the inputs it must agree with."""
-        md, snap, p = backend.forward_metadata, self.recorder.snapshot, self.page_size
+    def snapshot_tensors(self, backend: TRTLLMHABackend, fb: ForwardBatch) -> list[tuple[str, torch.Tensor]]:
+        """The tensors a step's snapshot holds: the metadata the kernels consume and the inputs behind it."""
+        md = backend.forward_metadata
+        cols = self._strided[None, : md.page_table.shape[1]]
+        starts = self.r2t.req_to_token[fb.req_pool_indices[:, None], cols]
+        return [("cache_seqlens", md.cache_seqlens_int32), ("cu_seqlens_q", md.cu_seqlens_q),
+                ("cu_seqlens_k", md.cu_seqlens_k), ("page_table", md.page_table), ("seq_lens", fb.seq_lens),
+                ("req_pool_indices", fb.req_pool_indices), ("out_cache_loc", fb.out_cache_loc),
+                ("positions", fb.positions), ("req_to_token_page_starts", starts)]
+
+    def pack_snapshot(self, backend: TRTLLMHABackend, fb: ForwardBatch) -> torch.Tensor:
+        """All snapshot tensors in one int64 vector, so recording costs one device->host copy per step
+        (and, inside a CUDA graph, no host work at all: the graph computes it on every replay)."""
+        return torch.cat([t.reshape(-1).to(torch.int64) for _, t in self.snapshot_tensors(backend, fb)])
+
+    def record_snapshot(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch,
+                        packed: torch.Tensor | None) -> None:
+        """Hand the packed snapshot to the recorder with its layout, and the scalars the checks need."""
+        md, p = backend.forward_metadata, self.page_size
+        tensors = self.snapshot_tensors(backend, fb)
+        if packed is None:
+            packed = torch.cat([t.reshape(-1).to(torch.int64) for _, t in tensors])
         width = -(-md.max_seq_len_k // p)
-        snap(rec, "cache_seqlens", md.cache_seqlens_int32)
-        snap(rec, "cu_seqlens_q", md.cu_seqlens_q)
-        snap(rec, "cu_seqlens_k", md.cu_seqlens_k)
-        snap(rec, "page_table", md.page_table, cols=width)
-        snap(rec, "seq_lens", fb.seq_lens)
-        snap(rec, "req_pool_indices", fb.req_pool_indices)
-        snap(rec, "out_cache_loc", fb.out_cache_loc)
-        snap(rec, "positions", fb.positions)
-        starts = self.r2t.req_to_token[fb.req_pool_indices[:, None], self._strided[None, :width]]
-        snap(rec, "req_to_token_page_starts", starts)
+        layout = [(name, t.dtype, tuple(t.shape), 0 if name == "req_to_token_page_starts" else t.data_ptr())
+                  for name, t in tensors]
+        self.recorder.snapshot_pack(rec, packed, layout,
+                                    crop_cols={"page_table": width, "req_to_token_page_starts": width})
         rec.scalars.update(
             max_seq_len_q=md.max_seq_len_q, kernel_q_len=md.kernel_q_len, max_seq_len_k=md.max_seq_len_k,
             max_context_len=backend.max_context_len, num_kv_pages=self.num_kv_pages,
@@ -146,8 +165,10 @@ class ModelRunner:
             rec.scalars["captured_max_seq_len_q"] = md.captured_max_seq_len_q
 
 
-def request_states(reqs: list[Any], seq_before: list[int], seq_after: list[int], q_lens: list[int],
-                   drafts: list[list[int]] | None = None, accepted: list[list[int]] | None = None) -> list[RequestState]:
+def request_states(
+    reqs: list[Any], seq_before: list[int], seq_after: list[int], q_lens: list[int],
+    drafts: list[list[int]] | None = None, accepted: list[list[int]] | None = None,
+) -> list[RequestState]:
     """RequestState rows for a step's live batch."""
     out = []
     for i, r in enumerate(reqs):

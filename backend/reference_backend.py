@@ -40,15 +40,15 @@ class ReferenceAttnBackend(AttentionBackend):
 
     def _attend(self, q: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch) -> torch.Tensor:
         out = torch.zeros(q.shape[0], layer.num_q_heads, layer.head_dim, dtype=q.dtype, device=q.device)
-        k_buf, v_buf = self.kv_pool.k_buffer[layer.layer_id], self.kv_pool.v_buffer[layer.layer_id]
+        kv_cache, page = self.kv_pool.kv_buffer[layer.layer_id], self.kv_pool.page_size
         group = layer.num_q_heads // layer.num_kv_heads
         positions = fb.positions.tolist()
         for start, n, slot in self._rows:
             pos = positions[start:start + n]
             kv_len = max(pos) + 1
             slots = self.req_to_token[slot, :kv_len].long()
-            k = k_buf[slots].float().repeat_interleave(group, dim=1)
-            v = v_buf[slots].float().repeat_interleave(group, dim=1)
+            k = kv_cache[slots // page, 0, :, slots % page].float().repeat_interleave(group, dim=1)
+            v = kv_cache[slots // page, 1, :, slots % page].float().repeat_interleave(group, dim=1)
             scores = torch.einsum("qhd,khd->hqk", q[start:start + n].float(), k) * layer.scaling
             visible = torch.arange(kv_len, device=q.device)[None, :] <= torch.tensor(pos, device=q.device)[:, None]
             scores = scores.masked_fill(~visible[None], float("-inf"))

@@ -27,11 +27,11 @@ class AttentionKernels(Protocol):
 
     name: str
 
-    def decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, page_table: torch.Tensor,
+    def decode(self, q: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,
                cache_seqlens: torch.Tensor, *, q_len_per_req: int, page_size: int, scaling: float,
                mask: torch.Tensor | None, max_seq_len: int) -> torch.Tensor: ...
 
-    def context(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, page_table: torch.Tensor,
+    def context(self, q: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,
                 cache_seqlens: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
                 max_q_len: int, max_kv_len: int, batch_size: int, page_size: int,
                 scaling: float) -> torch.Tensor: ...
@@ -226,7 +226,7 @@ class TRTLLMHABackend(AttentionBackend):
             self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
         md = self.forward_metadata
         out = self.kernels.decode(
-            q, self.kv_pool.k_buffer[layer.layer_id], self.kv_pool.v_buffer[layer.layer_id], md.page_table,
+            q, self.kv_pool.kv_buffer[layer.layer_id], md.page_table,
             md.cache_seqlens_int32, q_len_per_req=1, page_size=self.page_size, scaling=layer.scaling,
             mask=None, max_seq_len=self.max_context_len)
         return out.reshape(q.shape[0], -1)
@@ -239,17 +239,17 @@ class TRTLLMHABackend(AttentionBackend):
         if save_kv_cache:
             self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
         md = self.forward_metadata
-        k_buf, v_buf = self.kv_pool.k_buffer[layer.layer_id], self.kv_pool.v_buffer[layer.layer_id]
+        kv_cache = self.kv_pool.kv_buffer[layer.layer_id]
         if fb.forward_mode == ForwardMode.TARGET_VERIFY:
             t = md.kernel_q_len
             rows = q.shape[0] // t
             out = self.kernels.decode(
-                q, k_buf, v_buf, md.page_table, md.cache_seqlens_int32, q_len_per_req=t,
+                q, kv_cache, md.page_table, md.cache_seqlens_int32, q_len_per_req=t,
                 page_size=self.page_size, scaling=layer.scaling, mask=self.spec_mask(rows, t),
                 max_seq_len=self.max_context_len)
         else:
             out = self.kernels.context(
-                q, k_buf, v_buf, md.page_table, md.cache_seqlens_int32, md.cu_seqlens_q, md.cu_seqlens_k,
+                q, kv_cache, md.page_table, md.cache_seqlens_int32, md.cu_seqlens_q, md.cu_seqlens_k,
                 max_q_len=md.kernel_q_len, max_kv_len=self.max_context_len,
                 batch_size=md.cu_seqlens_q.shape[0] - 1, page_size=self.page_size, scaling=layer.scaling)
         return out.reshape(q.shape[0], -1)

@@ -64,7 +64,7 @@ class TraceReader:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._lock = threading.RLock()
-        self._arrays: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self._arrays: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
         check_file(self.path)
         self._conn = self._open()
         try:
@@ -218,7 +218,7 @@ class TraceReader:
             if r[-1] is None:
                 raise TraceError(f"damaged: the body of step {r[0]} is missing")
             bodies.append(tables.Body(r[-1]))
-        arrays = self._load_arrays({b for body in bodies for b in body.blob_ids()})
+        arrays = self._load_arrays({d for body in bodies for d in body.blob_digests()})
         steps = []
         for r, body in zip(rows, bodies, strict=True):
             try:
@@ -228,23 +228,24 @@ class TraceReader:
                 raise TraceError(problem) from None
         return steps
 
-    def _load_arrays(self, ids: set[int]) -> dict[int, np.ndarray]:
+    def _load_arrays(self, digests: set[bytes]) -> dict[bytes, np.ndarray]:
         cache = self._arrays
-        out = {i: cache[i] for i in ids if i in cache}
-        want = sorted(ids - out.keys())
+        out = {d: cache[d] for d in digests if d in cache}
+        want = sorted(digests - out.keys())
         for k in range(0, len(want), 500):  # stay under SQLite's bound-parameter limit
             chunk = want[k : k + 500]
-            q = f"SELECT id, data FROM blobs WHERE id IN ({', '.join('?' * len(chunk))})"
-            for bid, data in self._conn.execute(q, chunk):
+            q = f"SELECT digest, data FROM blobs WHERE digest IN ({', '.join('?' * len(chunk))})"
+            for digest, data in self._conn.execute(q, chunk):
                 if not isinstance(data, bytes):
-                    raise TraceError(f"damaged: array blob {bid} is not binary")
+                    raise TraceError(f"damaged: array blob {digest.hex()} is not binary")
                 try:
-                    out[bid] = codec.decode(data)
+                    out[digest] = codec.decode(data)
                 except TraceError as e:
-                    raise TraceError(f"damaged: array blob {bid} cannot be decoded ({e.problem})") from None
-        for i in ids:
+                    problem = f"damaged: array blob {digest.hex()} cannot be decoded ({e.problem})"
+                    raise TraceError(problem) from None
+        for i in digests:
             if i not in out:
-                raise TraceError(f"damaged: array blob {i} is missing")
+                raise TraceError(f"damaged: array blob {i.hex()} is missing")
             cache[i] = out[i]
             cache.move_to_end(i)
         while len(cache) > _ARRAY_CACHE_SIZE:
@@ -283,8 +284,8 @@ class TraceReader:
         while True:
             with self._guard("reading acceptance counts"):
                 rows = self._conn.execute(
-                    "SELECT idx, accept_hist FROM steps WHERE mode = 'TARGET_VERIFY' AND idx > ?"
-                    " AND accept_hist IS NOT NULL ORDER BY mode, idx LIMIT 4096",
+                    "SELECT idx, accept_hist FROM steps WHERE idx > ? AND accept_hist IS NOT NULL"
+                    " AND mode = 'TARGET_VERIFY' ORDER BY idx LIMIT 4096",
                     (last,),
                 ).fetchall()
                 for _, h in rows:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,17 +22,16 @@ import torch
 from .schema import ArraySnapshot, ForwardMode, GraphPhase, RequestRecord, RequestState, Step, StreamSpan, Violation
 from .store import TraceWriter
 
-_NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.uint16: "uint16", torch.float32: "float32",
-              torch.bfloat16: "bfloat16", torch.float16: "float16", torch.bool: "bool"}
+_NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8",
+              torch.bool: "bool"}
 
 
 @dataclass
-class _PendingArray:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    data_ptr: int
-    host: torch.Tensor  # host copy (pinned staging on a GPU), filled asynchronously
+class _PendingPack:
+    host: torch.Tensor  # int64 host copy of the packed snapshot (a pinned-ring slice on a GPU)
+    layout: list[tuple[str, torch.dtype, tuple[int, ...], int]]  # name, dtype, full shape, data_ptr
+    crop_cols: dict[str, int]
+    slot: tuple[int, int] | None = None  # pinned-ring slot (GPU)
 
 
 @dataclass
@@ -62,7 +61,7 @@ class StepRecord:
     end_ns: int = 0
     scalars: dict[str, int] = field(default_factory=dict)
     requests: list[RequestState] = field(default_factory=list)
-    arrays: list[_PendingArray] = field(default_factory=list)
+    packs: list[_PendingPack] = field(default_factory=list)
     spans: list[_PendingSpan] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     done_event: Any = None  # CUDA event after the last async copy of this step
@@ -80,8 +79,7 @@ class NullRecorder:
     def end_step(self, rec: Any) -> None:
         """No-op."""
 
-    def snapshot(self, rec: Any, name: str, t: torch.Tensor, *, rows: int | None = None,
-                 cols: int | None = None) -> None:
+    def snapshot_pack(self, rec: Any, packed: torch.Tensor, layout: list[Any], crop_cols: dict[str, int]) -> None:
         """No-op."""
 
     @contextlib.contextmanager
@@ -104,12 +102,13 @@ class Recorder:
 
     enabled = True
 
-    def __init__(self, writer: TraceWriter, device: torch.device) -> None:
+    def __init__(self, writer: TraceWriter, device: torch.device, ring_int64: int = 8 << 20) -> None:
         self.writer = writer
         self.device = device
         self.is_cuda = device.type == "cuda"
         self._next_index = 0
         self._pending: deque[StepRecord] = deque()
+        self._ring = PinnedRing(ring_int64) if self.is_cuda else None
         self._epoch = None
         if self.is_cuda:
             # One synchronized epoch event puts every stream's event times on the host clock's axis.
@@ -128,21 +127,19 @@ class Recorder:
         self._next_index += 1
         return rec
 
-    def snapshot(self, rec: StepRecord, name: str, t: torch.Tensor, *, rows: int | None = None,
-                 cols: int | None = None) -> None:
-        """Record tensor `t` as the kernel sees it: address and full shape, values of `[:rows, :cols]`."""
-        part = t
-        if rows is not None:
-            part = part[:rows]
-        if cols is not None and part.dim() == 2:
-            part = part[:, :cols]
+    def snapshot_pack(self, rec: StepRecord, packed: torch.Tensor,
+                      layout: list[tuple[str, torch.dtype, tuple[int, ...], int]], crop_cols: dict[str, int]) -> None:
+        """Record a step's metadata: `packed` int64 `[n]` holds the tensors of `layout` flattened in order.
+
+        On a GPU this is one non-blocking copy into the pinned ring; values are read when the step resolves.
+        `crop_cols` keeps only the live columns of 2-D tables.
+        """
         if self.is_cuda:
-            host = torch.empty(part.shape, dtype=part.dtype, pin_memory=True)
-            host.copy_(part, non_blocking=True)
+            host, slot = self._ring.take(packed.numel(), self._drain_oldest)
+            host.copy_(packed, non_blocking=True)
         else:
-            host = part.detach().clone()
-        rec.arrays.append(_PendingArray(name, _NP_DTYPES.get(t.dtype, str(t.dtype)), tuple(t.shape),
-                                        int(t.data_ptr()), host))
+            host, slot = packed.detach().clone(), None
+        rec.packs.append(_PendingPack(host, layout, crop_cols, slot))
 
     @contextlib.contextmanager
     def span(self, rec: StepRecord, stream: str, name: str, cuda_stream: Any = None) -> Iterator[None]:
@@ -180,6 +177,12 @@ class Recorder:
             self._pending.popleft()
             self.writer.write_step(self._resolve(rec))
 
+    def _drain_oldest(self) -> None:
+        rec = self._pending[0]
+        if rec.done_event is not None:
+            rec.done_event.synchronize()
+        self.poll()
+
     def write_request(self, rec: RequestRecord) -> None:
         """A finished request's whole record."""
         self.writer.write_request(rec)
@@ -200,7 +203,10 @@ class Recorder:
                 spans.append(StreamSpan(s.stream, s.name, start, end))
             else:
                 spans.append(StreamSpan(s.stream, s.name, int(s.start), int(s.end)))
-        arrays = tuple(ArraySnapshot(a.name, a.dtype, a.shape, a.data_ptr, _to_numpy(a.host)) for a in rec.arrays)
+        arrays = tuple(a for p in rec.packs for a in _unpack(p))
+        for p in rec.packs:
+            if p.slot is not None:
+                self._ring.release(p.slot)
         return Step(
             index=rec.index, iteration=rec.iteration, mode=rec.mode, model=rec.model, step_id=rec.step_id,
             batch_size=rec.batch_size, padded_batch_size=rec.padded_batch_size, graph=rec.graph,
@@ -209,9 +215,41 @@ class Recorder:
             requests=tuple(rec.requests), arrays=arrays, spans=tuple(spans), violations=tuple(rec.violations))
 
 
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    if t.dtype == torch.bfloat16:
-        return t.float().numpy()
-    if t.dtype == torch.uint16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
+def _unpack(p: _PendingPack) -> list[ArraySnapshot]:
+    flat = p.host.numpy()
+    out, off = [], 0
+    for name, dtype, shape, ptr in p.layout:
+        n = int(np.prod(shape)) if shape else 1
+        v = flat[off:off + n].astype(_NP_DTYPES[dtype]).reshape(shape)
+        off += n
+        cols = p.crop_cols.get(name)
+        if cols is not None and v.ndim == 2:
+            v = v[:, :cols]
+        out.append(ArraySnapshot(name, _NP_DTYPES[dtype], shape, ptr, np.ascontiguousarray(v)))
+    return out
+
+
+class PinnedRing:
+    """Pinned host memory for snapshots, handed out in order and reused once their steps are written."""
+
+    def __init__(self, num_int64: int) -> None:
+        self.buf = torch.empty(num_int64, dtype=torch.int64, pin_memory=True)
+        self.head = 0
+        self.live: list[tuple[int, int]] = []  # [start, end) slots whose steps are not written yet
+
+    def take(self, n: int, drain_oldest: Callable[[], None]) -> tuple[torch.Tensor, tuple[int, int]]:
+        """A slot of `n` int64; waits for the oldest pending step only while the slot is still in use."""
+        size = self.buf.numel()
+        if n > size:
+            raise ValueError(f"a snapshot of {n} values does not fit the pinned ring ({size})")
+        start = self.head if self.head + n <= size else 0
+        while any(a < start + n and start < b for a, b in self.live):
+            drain_oldest()
+        slot = (start, start + n)
+        self.live.append(slot)
+        self.head = start + n
+        return self.buf[start:start + n], slot
+
+    def release(self, slot: tuple[int, int]) -> None:
+        """The slot's values have been copied out."""
+        self.live.remove(slot)

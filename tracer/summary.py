@@ -15,7 +15,8 @@ def summarize(reader: TraceReader) -> dict[str, Any]:
     rows = sum(hist)
     accepted = sum(n * c for n, c in enumerate(hist))
     k = stats["max_verify_draft_tokens"]
-    positions = max((k or 0) - 1, 0)
+    # Real K is a handful; the cap keeps a damaged max(num_draft_tokens) from building a giant list.
+    positions = min(max((k or 0) - 1, 0), 4096)
     # Draft token j (0-based) was accepted in a row when the row accepted more than j drafts,
     # i.e. accept_length - 1 > j (accept_length counts the bonus token too).
     rate = [sum(hist[j + 2 :]) / rows if rows else 0.0 for j in range(positions)]

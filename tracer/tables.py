@@ -57,8 +57,6 @@ CREATE TABLE steps (
     num_drafted_tokens INTEGER NOT NULL,
     accept_hist TEXT
 );
-CREATE INDEX steps_mode ON steps (mode, idx);
-CREATE INDEX steps_iteration ON steps (iteration);
 CREATE TABLE step_bodies (idx INTEGER PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE blobs (id INTEGER PRIMARY KEY, digest BLOB NOT NULL UNIQUE, data BLOB NOT NULL);
 CREATE TABLE requests (
@@ -153,31 +151,41 @@ class _Inline:
         return [self.size - len(b), len(b)]
 
 
-def encode_step(step: Step, blob_ref: Callable[[np.ndarray], int]) -> tuple[tuple[Any, ...], bytes]:
-    """The `steps` row and the `step_bodies` body of a step; `blob_ref` stores a large array, returns its id."""
+def _narrow(a: np.ndarray) -> np.ndarray:
+    # Token ids and lengths fit in int32; half the bytes means half the zlib time.
+    if a.size == 0 or (int(a.min()) >= -(2**31) and int(a.max()) < 2**31):
+        return a.astype(np.int32)
+    return a
+
+
+def encode_step(step: Step, blob_ref: Callable[[str, np.ndarray], str]) -> tuple[tuple[Any, ...], bytes]:
+    """The `steps` row and `step_bodies` body of a step.
+
+    `blob_ref(name, values)` files an array too large to inline and returns its digest (hex).
+    """
     inline = _Inline()
     reqs = step.requests
     n = len(reqs)
-    cols = dict(zip(REQUEST_FIELDS, zip(*map(_request_row, reqs)), strict=True)) if n else {}
-    ints = np.array([cols.get(f, ()) for f in REQUEST_INT_FIELDS], dtype=np.int64).reshape(-1, n)
-    ragged = {}
-    lens = {}
-    for f in REQUEST_TUPLE_FIELDS:
-        col = cols.get(f, ())
-        lens[f] = np.fromiter(map(len, col), np.int64, count=n)
-        vals = np.fromiter(itertools.chain.from_iterable(col), np.int64, count=int(lens[f].sum()))
-        ragged[f] = [inline.add(vals), inline.add(lens[f])]
+    cols = dict(zip(REQUEST_FIELDS, zip(*map(_request_row, reqs), strict=True), strict=True)) if n else {}
+    # Int fields and the lengths of the tuple fields form one [fields, n] array; the tuples' values
+    # are concatenated (field after field) into one flat array. Two arrays per step, not one per field.
+    tuple_cols = [cols.get(f, ()) for f in REQUEST_TUPLE_FIELDS]
+    table = [cols.get(f, ()) for f in REQUEST_INT_FIELDS] + [list(map(len, c)) for c in tuple_cols]
+    ints = np.array(table, dtype=np.int64).reshape(len(table), n)
+    flat = itertools.chain.from_iterable(itertools.chain.from_iterable(tuple_cols))
+    vals = np.fromiter(flat, np.int64, count=int(ints[len(REQUEST_INT_FIELDS) :].sum()))
     arrays = []
     for a in step.arrays:
         v = np.asarray(a.values)
-        ref = inline.add(v) if v.nbytes <= INLINE_MAX_BYTES else blob_ref(v)
+        ref = inline.add(v) if v.nbytes <= INLINE_MAX_BYTES else blob_ref(a.name, v)
         arrays.append([a.name, a.dtype, [int(k) for k in a.shape], int(a.data_ptr), ref])
     body = {
         "requests": {
             "count": n,
             "int_fields": REQUEST_INT_FIELDS,
-            "ints": inline.add(ints),
-            "tuples": ragged,
+            "tuple_fields": REQUEST_TUPLE_FIELDS,
+            "ints": inline.add(_narrow(ints)),
+            "tuple_values": inline.add(_narrow(vals)),
             "json": {f: list(cols.get(f, ())) for f in REQUEST_JSON_FIELDS},
         },
         "array_fields": ARRAY_FIELDS,
@@ -193,7 +201,7 @@ def encode_step(step: Step, blob_ref: Callable[[np.ndarray], int]) -> tuple[tupl
     if step.mode == ForwardMode.TARGET_VERIFY:
         acc = ints[REQUEST_INT_FIELDS.index("accept_length")]
         hist = dumps(np.bincount(np.maximum(acc, 0)).tolist())
-        drafted = int(lens["draft_tokens"].sum())
+        drafted = int(ints[len(REQUEST_INT_FIELDS) + REQUEST_TUPLE_FIELDS.index("draft_tokens")].sum())
     row = (
         int(step.index), int(step.iteration), ForwardMode(step.mode).value, str(step.model),
         None if step.step_id is None else int(step.step_id), int(step.batch_size),
@@ -225,18 +233,19 @@ class Body:
         fields = self.json.get(fields_key, [])
         return [dict(zip(fields, row, strict=True)) for row in self.json.get(rows_key, [])]
 
-    def blob_ids(self) -> list[int]:
-        """Ids of the blobs-table arrays this body references."""
-        return [int(a["ref"]) for a in self.rows("array_fields", "arrays") if not isinstance(a["ref"], list)]
+    def blob_digests(self) -> list[bytes]:
+        """Digests of the blobs-table arrays this body references."""
+        refs = [a["ref"] for a in self.rows("array_fields", "arrays")]
+        return [bytes.fromhex(r) for r in refs if not isinstance(r, list)]
 
-    def array(self, ref: Any, blobs: dict[int, np.ndarray]) -> np.ndarray:
-        """The array behind a reference: inline [offset, length] or a blob id."""
+    def array(self, ref: Any, blobs: dict[bytes, np.ndarray]) -> np.ndarray:
+        """The array behind a reference: inline [offset, length] or a blob digest (hex)."""
         if isinstance(ref, list):
             off, n = (int(x) for x in ref)
             if off < 0 or n < 0 or off + n > len(self._inline):
                 raise ValueError("inline array reference out of range")
             return codec.decode(self._inline[off : off + n])
-        return blobs[int(ref)]
+        return blobs[bytes.fromhex(ref)]
 
     def requests(self) -> list[RequestState]:
         """The RequestStates, rebuilt from columns."""
@@ -244,18 +253,21 @@ class Body:
         n = int(r["count"])
         cols: dict[str, list[Any]] = {}
         ints = self.array(r["ints"], {})
-        fields = list(r["int_fields"])
-        if ints.shape != (len(fields), n):
+        fields = [str(f) for f in r["int_fields"]]
+        tfields = [str(f) for f in r["tuple_fields"]]
+        if ints.shape != (len(fields) + len(tfields), n):
             raise ValueError("request columns do not match the request count")
-        for f, col in zip(fields, ints.tolist(), strict=True):
+        table = ints.tolist()
+        for f, col in zip(fields, table, strict=False):
             cols[f] = col
-        for f, (vref, lref) in r.get("tuples", {}).items():
-            vals = self.array(vref, {}).tolist()
-            lens = self.array(lref, {}).tolist()
-            if len(lens) != n or sum(lens) != len(vals) or min(lens, default=0) < 0:
-                raise ValueError(f"request column {f} is inconsistent")
-            out, pos = [], 0
-            for k in lens:
+        vals = self.array(r["tuple_values"], {}).tolist()
+        lens = table[len(fields) :]
+        if int(ints[len(fields) :].sum()) != len(vals) or (ints[len(fields) :] < 0).any():
+            raise ValueError("request tuple columns are inconsistent")
+        pos = 0
+        for f, col_lens in zip(tfields, lens, strict=True):
+            out = []
+            for k in col_lens:
                 out.append(tuple(vals[pos : pos + k]))
                 pos += k
             cols[f] = out
@@ -277,8 +289,8 @@ def header_from_row(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
     return h
 
 
-def step_from_row(row: tuple[Any, ...], body: Body, blobs: dict[int, np.ndarray]) -> Step:
-    """Assemble a Step from its header row, decoded body and decoded blobs (by id)."""
+def step_from_row(row: tuple[Any, ...], body: Body, blobs: dict[bytes, np.ndarray]) -> Step:
+    """Assemble a Step from its header row, decoded body and decoded blobs (by digest)."""
     snaps = [
         ArraySnapshot(
             name=str(a["name"]), dtype=str(a["dtype"]), shape=tuple(int(n) for n in a["shape"]),
@@ -286,9 +298,8 @@ def step_from_row(row: tuple[Any, ...], body: Body, blobs: dict[int, np.ndarray]
         )
         for a in body.rows("array_fields", "arrays")
     ]  # fmt: skip
-    step = step_from_parts(
-        header_from_row(row), [], snaps, body.rows("span_fields", "spans"), list(body.json.get("violations", []))
-    )
+    spans = body.rows("span_fields", "spans")
+    step = step_from_parts(header_from_row(row), [], snaps, spans, list(body.json.get("violations", [])))
     return dataclasses.replace(step, requests=tuple(body.requests()))
 
 

@@ -1,4 +1,10 @@
-"""TraceWriter: appends steps to a trace file from a background thread, one transaction per step."""
+"""TraceWriter: appends steps to a trace file from background threads, one transaction per step.
+
+Two threads form a pipeline so compression and SQLite commits overlap (both release the GIL): the
+encoder turns Steps into rows, bodies and new blobs; the committer owns the connection and commits
+each step in its own transaction. Both queues are bounded, so a slow disk blocks `write_step`
+(backpressure) instead of dropping steps or growing memory.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +19,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from . import codec, tables
 from .errors import TraceError
 from .schema import RequestRecord, RunInfo, Step, Violation
 
-_BLOB_CACHE_SIZE = 8192  # digests of recent blobs; page tables repeat across nearby steps
+_SEEN_DIGESTS = 8192  # blobs the encoder knows are stored; page tables repeat across nearby steps
+_WAL_AUTOCHECKPOINT_PAGES = 16384  # 64 MiB: fewer checkpoints (each one fsyncs) on long runs
 _STOP = "stop"
 _FLUSH = "flush"
 
@@ -32,9 +41,9 @@ def connect_rw(path: str) -> sqlite3.Connection:
 
 
 class TraceWriter:
-    """Writes one trace file; steps are queued and committed by a background thread.
+    """Writes one trace file; steps are queued and committed by background threads.
 
-    The arrays of a queued step are encoded later, on the writer thread: do not modify them after
+    The arrays of a queued step are encoded later, on the encoder thread: do not modify them after
     `write_step` (hand over copies of reused buffers).
     """
 
@@ -51,11 +60,16 @@ class TraceWriter:
         self._closed = False
         self._lock = threading.Lock()
         self._conn = self._create(run, overwrite)
-        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max(1, queue_size))
-        self._blob_ids: collections.OrderedDict[bytes, int] = collections.OrderedDict()
-        self._thread = threading.Thread(target=self._loop, name=f"specscope-writer:{self.path}", daemon=True)
-        self._thread.start()
-        # The thread is a daemon so a forgotten close() cannot hang interpreter exit; atexit flushes it.
+        self._in: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max(1, queue_size))
+        self._out: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=64)
+        self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._last: dict[str, tuple[np.ndarray, bytes]] = {}
+        # Daemon threads so a forgotten close() cannot hang interpreter exit; atexit flushes them.
+        name = f"specscope-writer:{os.path.basename(self.path)}"
+        self._encoder = threading.Thread(target=self._encode_loop, name=name + ":encode", daemon=True)
+        self._committer = threading.Thread(target=self._commit_loop, name=name + ":commit", daemon=True)
+        self._encoder.start()
+        self._committer.start()
         atexit.register(self._close_at_exit)
 
     def _create(self, run: RunInfo, overwrite: bool) -> sqlite3.Connection:
@@ -64,11 +78,12 @@ class TraceWriter:
         if os.path.lexists(self.path):
             if not overwrite:
                 raise TraceError("already exists (pass overwrite=True to replace it)", self.path)
-            for p in (self.path, self.path + "-wal", self.path + "-shm"):
+            for p in (self.path, self.path + "-wal", self.path + "-shm", self.path + "-journal"):
                 if os.path.lexists(p):
                     os.remove(p)
         try:
             conn = connect_rw(self.path)
+            conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_AUTOCHECKPOINT_PAGES}")
             conn.execute("BEGIN")
             # One by one, not executescript(): that would commit outside our transaction.
             for stmt in tables.DDL.split(";"):
@@ -108,20 +123,21 @@ class TraceWriter:
         done = threading.Event()
         self._put((_FLUSH, done))
         while not done.wait(0.5):
-            if not self._thread.is_alive():
+            if not self._committer.is_alive():
                 break
         self._raise_if_failed()
 
     def close(self) -> None:
-        """Flush, stop the writer thread and close the file; raise TraceError if writing failed."""
+        """Flush, stop the writer threads and close the file; raise TraceError if writing failed."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         atexit.unregister(self._close_at_exit)
-        if self._thread.is_alive():
-            self._queue.put((_STOP, None))
-            self._thread.join()
+        if self._committer.is_alive():
+            self._in.put((_STOP, None))
+            self._encoder.join()
+            self._committer.join()
         self._raise_if_failed()
 
     def __enter__(self) -> TraceWriter:
@@ -134,7 +150,7 @@ class TraceWriter:
         if self._closed:
             raise TraceError("the trace writer is already closed", self.path)
         self._raise_if_failed()
-        self._queue.put(item)
+        self._in.put(item)
 
     def _raise_if_failed(self) -> None:
         e = self._error
@@ -150,24 +166,71 @@ class TraceWriter:
         except TraceError as e:
             print(f"specscope: warning: {e}", file=sys.stderr)
 
-    # -- writer thread ---------------------------------------------------------------------------
+    # -- encoder thread --------------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _encode_loop(self) -> None:
         while True:
-            kind, payload = self._queue.get()
+            kind, payload = self._in.get()
+            out: tuple[str, Any] = (kind, payload)
             try:
                 # After a failure keep draining (discarding) so producers blocked on put() wake up.
+                if self._error is not None and kind not in (_FLUSH, _STOP):
+                    continue
+                if kind == "step":
+                    out = ("step", self._encode_step(payload))
+                elif kind == "request":
+                    out = ("rows", (tables.UPSERT_REQUEST, [tables.request_row(payload)]))
+                elif kind == "violations":
+                    vs, source = payload
+                    out = ("rows", (tables.INSERT_VIOLATION, [tables.violation_row(v, source) for v in vs]))
+            except BaseException as e:  # noqa: BLE001 - surfaced to the producer on its next call
+                self._fail(e)
+                continue
+            self._out.put(out)
+            if kind == _STOP:
+                return
+
+    def _encode_step(self, step: Step) -> tuple[Any, ...]:
+        new_blobs: list[tuple[bytes, bytes]] = []
+
+        def blob_ref(name: str, values: np.ndarray) -> str:
+            # Page tables mostly equal the previous step's: comparing is ~4x cheaper than hashing.
+            prev = self._last.get(name)
+            if prev is not None and prev[0].shape == values.shape and prev[0].dtype == values.dtype:
+                if prev[0] is values or np.array_equal(prev[0], values):
+                    return prev[1].hex()
+            d = codec.digest(values)
+            self._last[name] = (values, d)
+            if d in self._seen:
+                self._seen.move_to_end(d)
+            else:
+                new_blobs.append((d, codec.encode(values)))
+                self._seen[d] = None
+                if len(self._seen) > _SEEN_DIGESTS:
+                    self._seen.popitem(last=False)
+            return d.hex()
+
+        row, body = tables.encode_step(step, blob_ref)
+        vrows = [tables.violation_row(v, "recorder") for v in step.violations]
+        return row, body, new_blobs, vrows
+
+    def _fail(self, e: BaseException) -> None:
+        if self._error is None:
+            self._error = e
+
+    # -- committer thread ------------------------------------------------------------------------
+
+    def _commit_loop(self) -> None:
+        while True:
+            kind, payload = self._out.get()
+            try:
                 if self._error is None:
                     if kind == "step":
-                        self._write_step(payload)
-                    elif kind == "request":
-                        self._transaction(tables.UPSERT_REQUEST, [tables.request_row(payload)])
-                    elif kind == "violations":
-                        vs, source = payload
-                        rows = [tables.violation_row(v, source) for v in vs]
-                        self._transaction(tables.INSERT_VIOLATION, rows)
+                        self._commit_step(*payload)
+                    elif kind == "rows":
+                        self._transaction(*payload)
             except BaseException as e:  # noqa: BLE001 - surfaced to the producer on its next call
-                self._error = e
+                self._fail(e)
             finally:
                 if kind == _FLUSH:
                     payload.set()
@@ -184,14 +247,15 @@ class TraceWriter:
             # A finished trace becomes one self-contained file: readers then need no -wal/-shm beside it
             # (so read-only folders work). If a live reader still holds it, it simply stays in WAL mode.
             try:
+                # Never wait for live readers here: close() must not stall on a TUI that keeps the file open.
+                self._conn.execute("PRAGMA busy_timeout=0")
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 self._conn.execute("PRAGMA journal_mode=DELETE")
             except sqlite3.OperationalError:
                 pass
             self._conn.close()
         except sqlite3.Error as e:
-            if self._error is None:
-                self._error = e
+            self._fail(e)
 
     def _transaction(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         conn = self._conn
@@ -204,13 +268,18 @@ class TraceWriter:
                 conn.execute("ROLLBACK")
             raise
 
-    def _write_step(self, step: Step) -> None:
+    def _commit_step(
+        self,
+        row: tuple[Any, ...],
+        body: bytes,
+        new_blobs: list[tuple[bytes, bytes]],
+        vrows: list[tuple[Any, ...]],
+    ) -> None:
         conn = self._conn
-        vrows = [tables.violation_row(v, "recorder") for v in step.violations]
-        added: list[bytes] = []
         conn.execute("BEGIN")
         try:
-            row, body = tables.encode_step(step, lambda values: self._blob_id(values, added))
+            if new_blobs:
+                conn.executemany("INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)", new_blobs)
             conn.execute(tables.INSERT_STEP, row)
             conn.execute("INSERT INTO step_bodies (idx, body) VALUES (?, ?)", (row[0], body))
             if vrows:
@@ -219,28 +288,6 @@ class TraceWriter:
         except BaseException as e:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            for d in added:  # those blob rows were rolled back with the step
-                self._blob_ids.pop(d, None)
             if isinstance(e, sqlite3.IntegrityError) and "steps.idx" in str(e):
-                raise TraceError(f"step index {step.index} was written twice") from e
+                raise TraceError(f"step index {row[0]} was written twice") from e
             raise
-
-    def _blob_id(self, values: Any, added: list[bytes]) -> int:
-        d = codec.digest(values)
-        cache = self._blob_ids
-        bid = cache.get(d)
-        if bid is not None:
-            cache.move_to_end(d)
-            return bid
-        hit = self._conn.execute("SELECT id FROM blobs WHERE digest = ?", (d,)).fetchone()
-        if hit is not None:
-            bid = int(hit[0])
-        else:
-            sql = "INSERT INTO blobs (digest, data) VALUES (?, ?)"
-            cur = self._conn.execute(sql, (d, codec.encode(values)))
-            bid = int(cur.lastrowid)  # type: ignore[arg-type]
-            added.append(d)
-        cache[d] = bid
-        if len(cache) > _BLOB_CACHE_SIZE:
-            cache.popitem(last=False)
-        return bid

@@ -23,7 +23,7 @@ def _memory() -> tuple[ReqToTokenPool, KVPool]:
     for slot, pages in ((1, [5, 2]), (2, [7])):
         for j, page in enumerate(pages):
             r2t.req_to_token[slot, j * P:(j + 1) * P] = torch.arange(page * P, (page + 1) * P)
-    return r2t, KVPool(1, 16 * P, 1, 16, torch.float32, CPU)
+    return r2t, KVPool(1, 16, P, 1, 16, torch.float32, CPU)
 
 
 def _backend(r2t: ReqToTokenPool, kv: KVPool, *, step: int = 0, k: int = 4, faults: frozenset = frozenset()):

@@ -18,8 +18,7 @@ def _paged(seq_lens: list[int], page: int, hkv: int, d: int, gen: torch.Generato
     pages_per = [-(-s // page) for s in seq_lens]
     num_pages = sum(pages_per) + 3
     perm = torch.randperm(num_pages - 1, generator=gen) + 1
-    k_buf = torch.randn(num_pages * page, hkv, d, generator=gen, dtype=torch.float64)
-    v_buf = torch.randn(num_pages * page, hkv, d, generator=gen, dtype=torch.float64)
+    kv = torch.randn(num_pages, 2, hkv, page, d, generator=gen, dtype=torch.float64)
     table = torch.zeros(len(seq_lens), max(pages_per), dtype=torch.int32)
     dense_k, dense_v, used = [], [], 0
     for b, s in enumerate(seq_lens):
@@ -27,9 +26,9 @@ def _paged(seq_lens: list[int], page: int, hkv: int, d: int, gen: torch.Generato
         used += pages_per[b]
         table[b, : len(ids)] = ids.int()
         slots = (ids[:, None] * page + torch.arange(page)).reshape(-1)[:s]
-        dense_k.append(k_buf[slots])
-        dense_v.append(v_buf[slots])
-    return k_buf, v_buf, table, dense_k, dense_v
+        dense_k.append(kv[slots // page, 0, :, slots % page])
+        dense_v.append(kv[slots // page, 1, :, slots % page])
+    return kv, table, dense_k, dense_v
 
 
 def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -50,11 +49,11 @@ def test_uniform_q_matches_dense(page: int, q_len: int, group: int) -> None:
     gen = torch.Generator().manual_seed(page * 31 + q_len)
     seq_lens = [q_len + 3, 200, 17 + q_len, page + 1]
     hkv, d = 2, 16
-    k_buf, v_buf, table, dk, dv = _paged(seq_lens, page, hkv, d, gen)
+    kv, table, dk, dv = _paged(seq_lens, page, hkv, d, gen)
     q = torch.randn(len(seq_lens) * q_len, hkv * group, d, generator=gen, dtype=torch.float64)
     scale = 1 / math.sqrt(d)
     mask = packed_causal_mask(len(seq_lens), q_len, torch.device("cpu")) if q_len > 1 else None
-    out = reference_decode(q, k_buf, v_buf, table, torch.tensor(seq_lens, dtype=torch.int32), q_len_per_req=q_len,
+    out = reference_decode(q, kv, table, torch.tensor(seq_lens, dtype=torch.int32), q_len_per_req=q_len,
                            page_size=page, scaling=scale, mask=mask)
     for b in range(len(seq_lens)):
         want = _dense(q[b * q_len:(b + 1) * q_len], dk[b], dv[b], scale)
@@ -66,10 +65,10 @@ def test_ragged_context_matches_dense(page: int) -> None:
     gen = torch.Generator().manual_seed(page)
     prefix, new = [0, 37, 100, 5], [30, 4, 13, 1]
     seq_lens = [p + n for p, n in zip(prefix, new, strict=True)]
-    k_buf, v_buf, table, dk, dv = _paged(seq_lens, page, 1, 32, gen)
+    kv, table, dk, dv = _paged(seq_lens, page, 1, 32, gen)
     q = torch.randn(sum(new), 4, 32, generator=gen, dtype=torch.float64)
     cu = torch.tensor([0] + list(torch.tensor(new).cumsum(0)), dtype=torch.int32)
-    out = reference_context(q, k_buf, v_buf, table, torch.tensor(seq_lens, dtype=torch.int32), cu, page_size=page,
+    out = reference_context(q, kv, table, torch.tensor(seq_lens, dtype=torch.int32), cu, page_size=page,
                             scaling=0.2)
     for b in range(4):
         sl = slice(int(cu[b]), int(cu[b + 1]))
@@ -81,9 +80,9 @@ def test_tree_mask_follows_bits() -> None:
     gen = torch.Generator().manual_seed(1)
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
     seq_lens = [40]
-    k_buf, v_buf, table, dk, dv = _paged(seq_lens, 16, 1, 16, gen)
+    kv, table, dk, dv = _paged(seq_lens, 16, 1, 16, gen)
     q = torch.randn(4, 2, 16, generator=gen, dtype=torch.float64)
-    out = reference_decode(q, k_buf, v_buf, table, torch.tensor(seq_lens, dtype=torch.int32), q_len_per_req=4,
+    out = reference_decode(q, kv, table, torch.tensor(seq_lens, dtype=torch.int32), q_len_per_req=4,
                            page_size=16, scaling=0.25, mask=pack_mask(tree[None]))
     L = 40
     vis = torch.ones(4, L, dtype=torch.bool)
@@ -105,10 +104,10 @@ def test_mask_pack_roundtrip(q_len: int) -> None:
 def test_wrong_q_len_regroups_rows_like_trtllm_gen() -> None:
     """q_len_per_req larger than the real T makes the kernel see fewer, wrongly grouped requests."""
     gen = torch.Generator().manual_seed(3)
-    k_buf, v_buf, table, _, _ = _paged([20, 20], 16, 1, 16, gen)
+    kv, table, _, _ = _paged([20, 20], 16, 1, 16, gen)
     q = torch.randn(4, 1, 16, generator=gen, dtype=torch.float64)  # bs 2 x T 2
-    right = reference_decode(q, k_buf, v_buf, table, torch.tensor([20, 20], dtype=torch.int32), q_len_per_req=2,
+    right = reference_decode(q, kv, table, torch.tensor([20, 20], dtype=torch.int32), q_len_per_req=2,
                              page_size=16, scaling=0.25, mask=packed_causal_mask(2, 2, torch.device("cpu")))
-    wrong = reference_decode(q, k_buf, v_buf, table, torch.tensor([20, 20], dtype=torch.int32), q_len_per_req=4,
+    wrong = reference_decode(q, kv, table, torch.tensor([20, 20], dtype=torch.int32), q_len_per_req=4,
                              page_size=16, scaling=0.25, mask=packed_causal_mask(2, 4, torch.device("cpu")))
     assert not torch.allclose(right, wrong)
