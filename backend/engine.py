@@ -36,6 +36,9 @@ class RunStats:
     accepted_total: int = 0  # tokens committed by verifies, bonus included
     accepted_by_position: list[int] = field(default_factory=list)
     wall_s: float = 0.0
+    iteration_s: list[float] = field(default_factory=list)  # wall time of each iteration
+    iteration_bs: list[int] = field(default_factory=list)  # requests decoded in it
+    iteration_prefill: list[bool] = field(default_factory=list)  # whether it also prefilled newcomers
 
     @property
     def mean_accept_length(self) -> float | None:
@@ -108,6 +111,7 @@ class Engine:
         total = sum(r.max_new_tokens for r in requests)
         t0 = time.perf_counter()
         while waiting or running:
+            t_it = time.perf_counter()
             admitted = []
             while (waiting and waiting[0].arrival_iteration <= self.iteration
                    and len(running) + len(admitted) < self.cfg.batch_size):
@@ -126,6 +130,9 @@ class Engine:
                 self._finish(r)
             running = [r for r in running if r.finish_iteration is None]
             self.recorder.poll()
+            self.stats.iteration_s.append(time.perf_counter() - t_it)
+            self.stats.iteration_bs.append(len(live))
+            self.stats.iteration_prefill.append(bool(admitted))
             self.iteration += 1
             self.stats.iterations = self.iteration
             if progress:
@@ -163,14 +170,15 @@ class Engine:
             extend_seq_lens_cpu=None if uniform else list(q_lens), spec_step_id=step_id,
             num_tokens_per_req=q_lens[0] if uniform else 1)
 
-    def _forward(self, runner: ModelRunner, fb: ForwardBatch, states: Callable[[], list[Any]]) -> torch.Tensor:
+    def _forward(self, runner: ModelRunner, fb: ForwardBatch, states: Callable[[], list[Any]],
+                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
         """Prepare and execute one forward on the compute stream, recorded as one step."""
         rec, graph = runner.begin(fb, self.iteration, self.K)
         compute = self.streams.compute
         with self._span(rec, "compute", "metadata", compute):
             prep = runner.prepare(fb, graph)
         with self._span(rec, "compute", "forward", compute):
-            logits = runner.execute(prep, rec)
+            logits = runner.execute(prep, rec, logits_indices)
         if rec is not None:
             rec.requests = states()
             rec.scalars["plan_stream"] = 0
@@ -194,16 +202,16 @@ class Engine:
         positions = [p for n in lens for p in range(n)]
         seq = torch.tensor(lens, dtype=torch.int32, device=self.device)
         runners = [self.target] + ([self.draft] if self.spec else [])
+        last = torch.tensor(lens, device=self.device).cumsum(0) - 1
         first = None
         for runner in runners:
             fb = self._batch(runner, ForwardMode.EXTEND, reqs, input_ids=ids, positions=positions, seq_lens=seq,
                              seq_lens_cpu=lens, q_lens=lens)
             fb.extend_prefix_lens_cpu = [0] * len(reqs)
             with nvtx(f"{runner.name} extend", self.nvtx):
-                logits = self._forward(runner, fb, lambda: request_states(reqs, [0] * len(reqs), lens, lens))
+                logits = self._forward(runner, fb, lambda: request_states(reqs, [0] * len(reqs), lens, lens), last)
             if runner is self.target:
-                last = torch.tensor(lens, device=self.device).cumsum(0) - 1
-                first, _ = self._sample(logits[last])
+                first, _ = self._sample(logits)
         for r, t in zip(reqs, first.tolist(), strict=True):
             r.seq_len = len(r.prompt)
             r.commit([t], self.iteration)
@@ -266,10 +274,6 @@ class Engine:
             self.seq_lens_buf[:bs].copy_(torch.tensor(s, dtype=torch.int32).to(dev, non_blocking=True))
             producers = streams.record_event(streams.compute)
             prepared = None
-            if plan_on:
-                if not stale_plan:
-                    streams.plan_wait(producers)
-                prepared = plan_block()
 
         # Draft decode: N steps, chain (topk=1), each through its own backend / graph.
         drafts: list[torch.Tensor] = []
@@ -284,6 +288,11 @@ class Engine:
             drafts.append(tok)
             if probs is not None:
                 draft_probs.append(probs)
+            if i == 0 and plan_on and prepared is None:
+                # Enqueue the plan work once the first draft step is in flight, so it runs under it.
+                if not stale_plan:
+                    streams.plan_wait(producers)
+                prepared = plan_block()
 
         # Target verify.
         if prepared is None:
@@ -333,7 +342,7 @@ class Engine:
         ext_ids.copy_(torch.cat([root[:, None], torch.tensor([p[:T - 1] for p in predict], dtype=torch.int64,
                                                              device=dev)], 1).view(-1))
         with nvtx("draft extend", self.nvtx), self._span(rec_e, "compute", "forward", streams.compute):
-            self.draft.execute(pe, rec_e)
+            self.draft.execute(pe, rec_e, torch.arange(T - 1, bs * T, T, device=dev))
         if rec_e is not None:
             rec_e.requests = request_states(reqs, s, [x + T for x in s], [T] * bs)
             rec_e.scalars.update(plan_scalars, compute_waited_plan=int(plan_on))

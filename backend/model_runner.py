@@ -114,15 +114,17 @@ class ModelRunner:
             return Prepared(live, backend, None, live)
         return Prepared(runner.replay_prepare(live), backend, runner, live)
 
-    def execute(self, prep: Prepared, rec: StepRecord | None) -> torch.Tensor:
-        """Run the forward (compute stream); returns float32 logits `[live num_tokens, vocab]`."""
+    def execute(self, prep: Prepared, rec: StepRecord | None,
+                logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the forward (compute stream); returns float32 logits `[live num_tokens, vocab]` (eager steps:
+        only the rows in `logits_indices`, when given; an 8B vocab over a whole prefill would not fit)."""
         if prep.runner is not None:
             prep.runner.copy_draft_dependent_inputs(prep.live, prep.fb.batch_size)
             logits, packed = prep.runner.replay(prep.fb, prep.live.num_tokens)
             if rec is not None:
                 self.record_snapshot(rec, prep.backend, prep.fb, packed)
             return logits
-        logits = self.model.forward(prep.fb.input_ids, prep.fb.positions, prep.fb)
+        logits = self.model.forward(prep.fb.input_ids, prep.fb.positions, prep.fb, logits_indices=logits_indices)
         if rec is not None:
             self.record_snapshot(rec, prep.backend, prep.fb, None)
         return logits

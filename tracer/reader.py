@@ -89,8 +89,10 @@ class TraceReader:
                 if os.access(os.path.dirname(os.path.abspath(self.path)), os.W_OK):
                     raise
                 return sqlite3.connect(uri + "&immutable=1", **opts)
-        except sqlite3.Error as e:
+        except sqlite3.OperationalError as e:
             raise TraceError(f"cannot be opened (SQLite: {' '.join(str(e).split())})", self.path) from None
+        except sqlite3.Error as e:
+            raise TraceError(f"damaged or unreadable (SQLite: {' '.join(str(e).split())})", self.path) from None
 
     # -- validation ------------------------------------------------------------------------------
 

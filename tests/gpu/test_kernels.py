@@ -177,7 +177,7 @@ def test_padded_graph_replay_matches_eager(mode: ForwardMode, t: int) -> None:
                                 save_kv_cache=False).float()
         torch.cuda.synchronize()
         assert fb.batch_size == runner.padded_size(raw) > raw
-        assert torch.equal(got, want), f"graph replay differs from eager at raw bs {raw}"
+        assert _rel(got, want) <= 5e-3, f"graph replay differs from eager at raw bs {raw}"
 
 
 def test_argument_checks_before_launch() -> None:

@@ -1,0 +1,50 @@
+"""Layering: the UI and the torch-free tracer modules never import torch (checked in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# Every module under specscope.ui and specscope.tracer (except the recorder, which runs beside the
+# engine) is found with pkgutil, so modules added later are covered without editing this test.
+PROBE = r"""
+import importlib, json, pkgutil, sys
+import specscope.tracer, specscope.ui
+OPTIONAL = {"textual", "dash", "plotly"}  # UI extras; CI installs them, a bare checkout may not
+done, skipped = [], []
+for pkg, skip in ((specscope.ui, set()), (specscope.tracer, {"specscope.tracer.recorder"})):
+    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+        if m.name in skip:
+            continue
+        try:
+            importlib.import_module(m.name)
+            done.append(m.name)
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] not in OPTIONAL:
+                raise
+            skipped.append(m.name)
+print(json.dumps({"imported": done, "skipped": skipped, "torch": "torch" in sys.modules,
+                  "heavy": sorted(k for k in ("torch", "flashinfer", "triton") if k in sys.modules)}))
+"""
+
+
+def test_ui_and_tracer_never_import_torch() -> None:
+    p = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    required = {
+        "specscope.ui.cli", "specscope.ui.cmd_info", "specscope.tracer.schema", "specscope.tracer.store",
+        "specscope.tracer.summary", "specscope.tracer.codec", "specscope.tracer.errors",
+        "specscope.tracer.reader", "specscope.tracer.writer", "specscope.tracer.tables",
+    }  # fmt: skip
+    assert required <= set(out["imported"]), out
+    assert out["heavy"] == [], f"torch-free modules imported {out['heavy']}: {out['imported']}"
+
+
+def test_building_the_cli_parser_never_imports_torch() -> None:
+    # Every subcommand module is imported to build the parser, so each must defer heavy imports to run().
+    code = "import sys\nfrom specscope.ui import cli\ncli.build_parser()\nprint('torch' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "False"
