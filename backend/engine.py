@@ -66,16 +66,18 @@ class Engine:
         common = dict(dtype=cfg.torch_dtype, r2t=self.r2t, num_kv_pages=num_pages,
                       page_size=p, max_context_len=cfg.max_context_len, num_draft_tokens=self.K,
                       kernels=kernels, device=self.device, faults=cfg.faults, recorder=recorder)
+        common.update(max_bs=cfg.batch_size, tokens_per_req=self.T, attention_every=cfg.record_attention)
         tm, tc = target
         self.target = ModelRunner(name="target", model=tm, num_layers=tc.num_hidden_layers,
                                   num_kv_heads=tc.num_key_value_heads, head_dim=tc.head_dim,
-                                  num_draft_steps=0, **common)
+                                  num_q_heads=tc.num_attention_heads, num_draft_steps=0, **common)
         self.draft = None
         if self.spec:
             dm, dc = draft
             self.draft = ModelRunner(name="draft", model=dm, num_layers=dc.num_hidden_layers,
                                      num_kv_heads=dc.num_key_value_heads, head_dim=dc.head_dim,
-                                     num_draft_steps=self.num_draft_steps, **common)
+                                     num_q_heads=dc.num_attention_heads, num_draft_steps=self.num_draft_steps,
+                                     **common)
         self.streams = Streams(self.device, cfg.plan_stream)
         self.nvtx = self.device.type == "cuda"
         # Persistent device inputs the producers write and the plan stream reads.

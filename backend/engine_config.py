@@ -39,6 +39,7 @@ class EngineConfig:
     arrival_gap: tuple[int, int] = (0, 2)
     prefill_kernel: str = "fmha_v2"  # GPU extend kernel on SM90: "fmha_v2" or "flashinfer"
     ignore_eos: bool = False
+    record_attention: int = 0  # keep layer 0's attention inputs/outputs every N steps (differential check)
 
     @property
     def torch_dtype(self) -> torch.dtype:

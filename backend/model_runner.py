@@ -40,6 +40,7 @@ class ModelRunner:
         dtype: torch.dtype, r2t: ReqToTokenPool, num_kv_pages: int, page_size: int,
         max_context_len: int, num_draft_tokens: int, num_draft_steps: int, kernels: AttentionKernels,
         device: torch.device, faults: frozenset[str], recorder: Recorder | NullRecorder,
+        num_q_heads: int = 0, max_bs: int = 1, tokens_per_req: int = 1, attention_every: int = 0,
     ) -> None:
         self.name = name
         self.model = model
@@ -62,6 +63,10 @@ class ModelRunner:
         # One backend per draft step, as TRTLLMHAAttnMultiStepDraftBackend builds them.
         self.draft_backends = [make(TRTLLMHABackend, i) for i in range(num_draft_steps)]
         self.runners: dict[tuple[ForwardMode, int | None], GraphRunner] = {}
+        self.attention_every = attention_every if recorder.enabled else 0
+        if self.attention_every:
+            for be in [self.backend, *self.draft_backends]:
+                be.enable_probe(max_bs * tokens_per_req, num_q_heads, head_dim, dtype)
         self._strided = torch.arange(0, max_context_len + page_size, page_size, device=device)
         self.max_context_len = max_context_len
 
@@ -123,11 +128,37 @@ class ModelRunner:
             logits, packed = prep.runner.replay(prep.fb, prep.live.num_tokens)
             if rec is not None:
                 self.record_snapshot(rec, prep.backend, prep.fb, packed)
+                self.record_attention(rec, prep, replayed=self.device.type == "cuda")
             return logits
         logits = self.model.forward(prep.fb.input_ids, prep.fb.positions, prep.fb, logits_indices=logits_indices)
         if rec is not None:
             self.record_snapshot(rec, prep.backend, prep.fb, None)
+            self.record_attention(rec, prep, replayed=False)
         return logits
+
+    def record_attention(self, rec: StepRecord, prep: Prepared, replayed: bool) -> None:
+        """On sampled steps, keep layer 0's q, output and the KV pages its live rows use (differential check).
+
+        Finding the pages is data-dependent, so a sampled step synchronizes the GPU once; unsampled steps
+        never do."""
+        if not self.attention_every or rec.index % self.attention_every:
+            return
+        be, fb = prep.backend, prep.fb
+        got = be.probe_result(fb.num_tokens, replayed)
+        if got is None:
+            return
+        q, out = got
+        md, p, bs = be.forward_metadata, self.page_size, prep.live.batch_size
+        width = -(-md.max_seq_len_k // p)
+        starts = self.r2t.req_to_token[fb.req_pool_indices[:bs, None], self._strided[None, :width]]
+        ids = torch.unique(torch.cat([md.page_table[:bs, :width].reshape(-1), (starts // p).reshape(-1)]))
+        kv = be.kv_pool.kv_buffer[0][ids.long()]
+        snap = self.recorder.snapshot_float
+        snap(rec, "attn_q", q)
+        snap(rec, "attn_out", out)
+        snap(rec, "attn_kv", kv)
+        snap(rec, "attn_page_ids", ids.to(torch.int32))
+        snap(rec, "attn_scaling", torch.tensor([self.model.attention_layers[0].scaling], dtype=torch.float32))
 
     def snapshot_tensors(self, backend: TRTLLMHABackend, fb: ForwardBatch) -> list[tuple[str, torch.Tensor]]:
         """The tensors a step's snapshot holds: the metadata the kernels consume and the inputs behind it."""

@@ -84,6 +84,11 @@ class TRTLLMHABackend(AttentionBackend):
         self._buffers: dict[ForwardMode, dict[str, torch.Tensor]] = {}
         self._masks: dict[int, torch.Tensor] = {}
         self._max_bs = 0
+        # Attention probe (differential check): layer 0's q and output of the latest forward.
+        self.probe_enabled = False
+        self.probe_q: torch.Tensor | None = None
+        self.probe_out: torch.Tensor | None = None
+        self._probe_static: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ---- eager ---------------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -208,6 +213,32 @@ class TRTLLMHABackend(AttentionBackend):
         self._apply_cuda_graph_metadata(md, bs, fb, in_capture=False)
         self.forward_metadata = md
 
+    def enable_probe(self, max_tokens: int, num_q_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        """Keep layer 0's q and output of each forward; graphs copy them into static buffers on replay."""
+        self.probe_enabled = True
+        self._probe_static = (torch.zeros(max_tokens, num_q_heads, head_dim, dtype=dtype, device=self.device),
+                              torch.zeros(max_tokens, num_q_heads * head_dim, dtype=dtype, device=self.device))
+
+    def probe_result(self, num_tokens: int, replayed_graph: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer 0's (q `[n, Hq, D]`, output `[n, Hq*D]`) of the latest forward, if probing."""
+        if not self.probe_enabled:
+            return None
+        if replayed_graph and self._probe_static is not None:
+            return self._probe_static[0][:num_tokens], self._probe_static[1][:num_tokens]
+        if self.probe_q is None:
+            return None
+        return self.probe_q[:num_tokens], self.probe_out[:num_tokens]
+
+    def _probe(self, layer: AttentionLayer, q: torch.Tensor, out: torch.Tensor) -> None:
+        if not self.probe_enabled or layer.layer_id != 0:
+            return
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            n = q.shape[0]
+            self._probe_static[0][:n].copy_(q)
+            self._probe_static[1][:n].copy_(out)
+        else:
+            self.probe_q, self.probe_out = q, out
+
     def spec_mask(self, rows: int, q_len: int) -> torch.Tensor:
         """The packed causal mask XQA needs for verify, built once per T (like `_xqa_spec_dec_mask`)."""
         m = self._masks.get(q_len)
@@ -229,7 +260,9 @@ class TRTLLMHABackend(AttentionBackend):
             q, self.kv_pool.kv_buffer[layer.layer_id], md.page_table,
             md.cache_seqlens_int32, q_len_per_req=1, page_size=self.page_size, scaling=layer.scaling,
             mask=None, max_seq_len=self.max_context_len)
-        return out.reshape(q.shape[0], -1)
+        out = out.reshape(q.shape[0], -1)
+        self._probe(layer, q, out)
+        return out
 
     def forward_extend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch,
@@ -252,7 +285,9 @@ class TRTLLMHABackend(AttentionBackend):
                 q, kv_cache, md.page_table, md.cache_seqlens_int32, md.cu_seqlens_q, md.cu_seqlens_k,
                 max_q_len=md.kernel_q_len, max_kv_len=self.max_context_len,
                 batch_size=md.cu_seqlens_q.shape[0] - 1, page_size=self.page_size, scaling=layer.scaling)
-        return out.reshape(q.shape[0], -1)
+        out = out.reshape(q.shape[0], -1)
+        self._probe(layer, q, out)
+        return out
 
 
 class MissingFixupHookBackend(TRTLLMHABackend):

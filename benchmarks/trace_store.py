@@ -36,6 +36,7 @@ from specscope.tracer.schema import (
     StreamSpan,
 )
 from specscope.tracer.store import TraceReader, TraceWriter
+from specscope.tracer.summary import summarize
 
 BS = 64
 PAGE = 64
@@ -144,7 +145,8 @@ class Workload:
             if verify:
                 al = accs[j]
                 d = tuple(drafts[j])
-                reqs.append(RequestState(rid[j], rws[j], s_list[j], s_list[j] + al, K, d, d[: al - 1] + (bonus[j],), al))
+                acc_tokens = d[: al - 1] + (bonus[j],)
+                reqs.append(RequestState(rid[j], rws[j], s_list[j], s_list[j] + al, K, d, acc_tokens, al))
             else:
                 reqs.append(RequestState(rid[j], rws[j], s_list[j], s_list[j] + q_list[j], q_list[j]))
         t0 = self.clock
@@ -218,6 +220,9 @@ def bench(args: argparse.Namespace) -> dict:
         t = time.perf_counter()
         first_screen = list(reader.step_headers(0, 50))
         headers_ms = (time.perf_counter() - t) * 1e3
+        t = time.perf_counter()
+        summary = summarize(reader)
+        summarize_ms = (time.perf_counter() - t) * 1e3
     lat.sort()
     os.remove(path)
     os.rmdir(workdir)
@@ -234,6 +239,8 @@ def bench(args: argparse.Namespace) -> dict:
         "num_steps_ms": round(num_steps_ms, 3),
         "first_50_headers_ms": round(headers_ms, 3),
         "num_headers_read": len(first_screen),
+        "summarize_ms": round(summarize_ms, 1),
+        "mean_accept_length": round(summary["mean_accept_length"], 3),
         "targets": TARGETS,
         "machine": {
             "cpu_cores": os.cpu_count(),

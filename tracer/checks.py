@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .differential import differential_check
 from .schema import ForwardMode, GraphPhase, Severity, Step, Violation
 
 E, W = Severity.ERROR, Severity.WARNING
@@ -60,6 +61,10 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant("I22", E, "the compute stream waited on the plan stream before verify / draft extend", "§5.1"),
     Invariant("I28", E, "the backend implements update_verify_buffers_to_fill_after_draft (plan stream on)",
               "PR #25925 (G9)"),
+    Invariant("D1", E, "sampled attention: kernel output == float64 attention over the metadata it consumed",
+              "differential (--record-attention)"),
+    Invariant("D2", E, "sampled attention: output == attention over the request's own KV (req_to_token, positions)",
+              "differential (--record-attention)"),
 )
 BY_ID = {i.check_id: i for i in CATALOGUE}
 
@@ -340,5 +345,7 @@ def check_steps(steps: Iterable[Step]) -> Iterator[Violation]:
             if step.graph == GraphPhase.REPLAY:
                 _check_freshness(c)
             graphs.check(c)
+            if step.array("attn_q") is not None:
+                c.out.extend(differential_check([step]))
         _check_streams(c)
         yield from c.out

@@ -51,9 +51,11 @@ def check_file(path: str) -> None:
     page_size = 65536 if page_size == 1 else page_size
     num_pages = int.from_bytes(head[28:32], "big")
     size_valid = head[24:28] == head[92:96]  # the in-header size is only trusted when these match
-    wal = path + "-wal"
     # A live writer's WAL can hold pages the main file lacks; only judge the size of a settled file.
-    settled = not os.path.exists(wal) or os.path.getsize(wal) == 0
+    try:
+        settled = os.path.getsize(path + "-wal") == 0
+    except OSError:
+        settled = True  # no WAL beside it
     if size_valid and settled and size < num_pages * page_size:
         raise TraceError(f"truncated ({size} of {num_pages * page_size} bytes present)", path)
 

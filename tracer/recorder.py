@@ -62,6 +62,7 @@ class StepRecord:
     scalars: dict[str, int] = field(default_factory=dict)
     requests: list[RequestState] = field(default_factory=list)
     packs: list[_PendingPack] = field(default_factory=list)
+    floats: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # sampled attention inputs/outputs
     spans: list[_PendingSpan] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     done_event: Any = None  # CUDA event after the last async copy of this step
@@ -80,6 +81,9 @@ class NullRecorder:
         """No-op."""
 
     def snapshot_pack(self, rec: Any, packed: torch.Tensor, layout: list[Any], crop_cols: dict[str, int]) -> None:
+        """No-op."""
+
+    def snapshot_float(self, rec: Any, name: str, t: torch.Tensor) -> None:
         """No-op."""
 
     @contextlib.contextmanager
@@ -140,6 +144,17 @@ class Recorder:
         else:
             host, slot = packed.detach().clone(), None
         rec.packs.append(_PendingPack(host, layout, crop_cols, slot))
+
+    def snapshot_float(self, rec: StepRecord, name: str, t: torch.Tensor) -> None:
+        """Record a float tensor as float32 (sampled attention inputs/outputs for the differential check).
+
+        Only sampled steps come here, so a fresh pinned buffer per call is acceptable."""
+        if self.is_cuda:
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+        else:
+            host = t.detach().clone()
+        rec.floats.append((name, host))
 
     @contextlib.contextmanager
     def span(self, rec: StepRecord, stream: str, name: str, cuda_stream: Any = None) -> Iterator[None]:
@@ -203,7 +218,10 @@ class Recorder:
                 spans.append(StreamSpan(s.stream, s.name, start, end))
             else:
                 spans.append(StreamSpan(s.stream, s.name, int(s.start), int(s.end)))
-        arrays = tuple(a for p in rec.packs for a in _unpack(p))
+        arrays = tuple(a for p in rec.packs for a in _unpack(p)) + tuple(
+            ArraySnapshot(name, "float32" if t.is_floating_point() else _NP_DTYPES[t.dtype], tuple(t.shape), 0,
+                          t.float().numpy() if t.is_floating_point() else t.numpy())
+            for name, t in rec.floats)
         for p in rec.packs:
             if p.slot is not None:
                 self._ring.release(p.slot)

@@ -41,7 +41,7 @@ def summarize(reader: TraceReader) -> dict[str, Any]:
         "accept_length_histogram": hist,
         "accept_rate_by_position": rate,
         "num_violations": sum(violations_by_id.values()),
-        "violations_by_id": dict(sorted(violations_by_id.items())),
+        "violations_by_id": dict(sorted(violations_by_id.items(), key=lambda kv: _natural(kv[0]))),
         "requests": [
             {
                 "id": r.request_id,
@@ -62,6 +62,13 @@ def summarize(reader: TraceReader) -> dict[str, Any]:
     }
 
 
+def _natural(check_id: str) -> tuple[str, int, str]:
+    # "I5" before "I16".
+    head = check_id.rstrip("0123456789")
+    tail = check_id[len(head) :]
+    return (head, int(tail) if tail else -1, check_id)
+
+
 def _ordered_modes(counts: dict[str, int]) -> dict[str, int]:
     order = [m.value for m in ForwardMode]
     return dict(sorted(counts.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else 99, kv[0])))
@@ -76,6 +83,8 @@ def format_summary(d: dict[str, Any]) -> str:
     out.append(f"models   target={run['target_model']}  draft={run['draft_model'] or '-'}")
     cap = f" (sm {run['device_capability']})" if run.get("device_capability") else ""
     out.append(f"device   {d['device']}{cap}   kernel {run['attention_kernel']}")
+    if run.get("git_commit") or run.get("hostname"):
+        out.append(f"host     {run.get('hostname') or '-'}   git {run.get('git_commit') or '-'}")
     if run.get("versions"):
         out.append("versions " + "  ".join(f"{k} {v}" for k, v in sorted(run["versions"].items())))
     if run.get("config"):

@@ -81,6 +81,7 @@ class TraceWriter:
             for p in (self.path, self.path + "-wal", self.path + "-shm", self.path + "-journal"):
                 if os.path.lexists(p):
                     os.remove(p)
+        conn = None
         try:
             conn = connect_rw(self.path)
             conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_AUTOCHECKPOINT_PAGES}")
@@ -94,6 +95,12 @@ class TraceWriter:
             conn.execute("INSERT INTO run (id, info) VALUES (1, ?)", (tables.dumps(run.to_dict()),))
             conn.execute("COMMIT")
         except (sqlite3.Error, OSError, TypeError, ValueError) as e:
+            # Leave nothing behind: a half-made file would block the next attempt ("already exists").
+            if conn is not None:
+                conn.close()
+            for p in (self.path, self.path + "-wal", self.path + "-shm"):
+                if os.path.lexists(p):
+                    os.remove(p)
             raise TraceError(f"cannot create the trace ({type(e).__name__}: {e})", self.path) from e
         return conn
 
@@ -185,7 +192,7 @@ class TraceWriter:
                     out = ("rows", (tables.INSERT_VIOLATION, [tables.violation_row(v, source) for v in vs]))
             except BaseException as e:  # noqa: BLE001 - surfaced to the producer on its next call
                 self._fail(e)
-                continue
+                out = ("failed", None)  # in order: the committer still commits everything queued before
             self._out.put(out)
             if kind == _STOP:
                 return
@@ -221,15 +228,18 @@ class TraceWriter:
     # -- committer thread ------------------------------------------------------------------------
 
     def _commit_loop(self) -> None:
+        failed = False
         while True:
             kind, payload = self._out.get()
             try:
-                if self._error is None:
+                failed = failed or kind == "failed"
+                if not failed:
                     if kind == "step":
                         self._commit_step(*payload)
                     elif kind == "rows":
                         self._transaction(*payload)
             except BaseException as e:  # noqa: BLE001 - surfaced to the producer on its next call
+                failed = True
                 self._fail(e)
             finally:
                 if kind == _FLUSH:

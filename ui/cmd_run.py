@@ -58,6 +58,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("-o", "--output", metavar="TRACE", help="trace file to write (default specscope-<time>.db)")
     g.add_argument("--overwrite", action="store_true", help="replace TRACE if it exists")
     g.add_argument("--no-trace", action="store_true", help="record nothing (the plain backend)")
+    g.add_argument("--record-attention", type=int, default=0, metavar="N",
+                   help="every N steps keep layer 0's attention inputs and outputs, for `check`'s differential "
+                        "test (sampled steps sync the GPU once)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -91,7 +94,7 @@ def config_from_args(args: argparse.Namespace):  # -> EngineConfig (torch import
         max_new_tokens=args.max_new_tokens, spec_steps=args.spec_steps, verify_tokens=args.verify_tokens,
         page_size=args.page_size, cuda_graph=args.cuda_graph, plan_stream=args.plan_stream, seed=args.seed,
         temperature=args.temperature, faults=parse_faults(args.inject), prompt_len=args.prompt_len,
-        prefill_kernel=args.prefill_kernel, ignore_eos=args.ignore_eos)
+        prefill_kernel=args.prefill_kernel, ignore_eos=args.ignore_eos, record_attention=args.record_attention)
 
 
 class Progress:

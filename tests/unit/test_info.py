@@ -6,12 +6,11 @@ import json
 import os
 
 from conftest import NUM_STEPS, write_small_trace
-from stepgen import K, accept_length, make_request, make_step
-from test_cli_errors import run_cli
-
 from specscope.tracer.schema import ForwardMode
 from specscope.tracer.store import TraceReader
 from specscope.tracer.summary import summarize
+from stepgen import K, accept_length, make_request, make_step
+from test_cli_errors import run_cli
 
 
 def _expected_acceptance(num_steps: int) -> tuple[float, list[float]]:

@@ -9,9 +9,8 @@ import sys
 import time
 
 import pytest
-from stepgen import make_step
-
 from specscope.tracer.store import TraceReader
+from stepgen import make_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

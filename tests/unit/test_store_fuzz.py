@@ -15,11 +15,10 @@ import pytest
 from conftest import write_small_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_cli_errors import run_cli
-
 from specscope.tracer.errors import TraceError
 from specscope.tracer.store import TraceReader
 from specscope.tracer.summary import format_summary, summarize
+from test_cli_errors import run_cli
 
 PER_EXAMPLE_S = 10
 

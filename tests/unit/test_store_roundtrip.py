@@ -152,13 +152,27 @@ def test_writer_errors_surface_as_trace_errors(tmp_path: os.PathLike[str]) -> No
         w.write_step(make_step(1))
     with pytest.raises(TraceError):
         w.close()
-    bad = dataclasses.replace(make_step(0), arrays=(ArraySnapshot("o", "object", (1,), 0, np.array([None])),))
+    bad = dataclasses.replace(make_step(2), arrays=(ArraySnapshot("o", "object", (1,), 0, np.array([None])),))
     w2 = TraceWriter(os.path.join(tmp_path, "u.db"), make_run())
+    w2.write_step(make_step(0))
+    w2.write_step(make_step(1))
     w2.write_step(bad)
     with pytest.raises(TraceError, match="dtype object"):
         w2.close()
     with pytest.raises(TraceError, match="already closed"):
-        w2.write_step(make_step(1))
+        w2.write_step(make_step(3))
+    with TraceReader(os.path.join(tmp_path, "u.db")) as r:  # everything queued before the failure is there
+        assert list(r.steps()) == [make_step(0), make_step(1)]
+
+
+def test_writer_cleans_up_a_failed_create(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "t.db")
+    bad_run = dataclasses.replace(make_run(), config={"x": object()})
+    with pytest.raises(TraceError, match="cannot create the trace"):
+        TraceWriter(path, bad_run)
+    assert not os.path.exists(path)
+    with pytest.raises(TraceError, match="cannot create the trace"):
+        TraceWriter(os.path.join(tmp_path, "no", "such", "dir.db"), make_run())
 
 
 def test_backpressure_never_drops(tmp_path: os.PathLike[str]) -> None:

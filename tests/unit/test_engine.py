@@ -1,0 +1,101 @@
+"""The engine on the CPU: lossless speculative decoding, graph replay == eager, every recorded step consistent."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from specscope.backend.engine_config import ConfigError, EngineConfig  # noqa: E402
+from specscope.backend.session import run_session  # noqa: E402
+from specscope.tracer.checks import check_steps  # noqa: E402
+from specscope.tracer.schema import ForwardMode, GraphPhase  # noqa: E402
+from specscope.tracer.store import TraceReader  # noqa: E402
+
+
+def run(tmp_path, name: str, **kw):
+    """Run the embedded models on the CPU; returns ({request id: output tokens}, trace path, result)."""
+    cfg = dict(model="tiny", draft="tiny-draft", device="cpu", dtype="float32", batch_size=4, num_requests=6,
+               max_new_tokens=24, spec_steps=3, seed=0, prompt_len=(16, 96))
+    cfg.update(kw)
+    path = str(tmp_path / f"{name}.db")
+    res = run_session(EngineConfig(**cfg), path, command=f"pytest {name}")
+    return {r.request_id: r.output for r in res.requests}, path, res
+
+
+def steps_of(path: str) -> list:
+    with TraceReader(path) as r:
+        return list(r.steps())
+
+
+@pytest.mark.parametrize("seed,bs,n,page", [(0, 1, 1, 16), (1, 3, 3, 64), (2, 4, 5, 128), (3, 2, 2, 32),
+                                            (4, 4, 4, 16)])
+def test_speculative_greedy_equals_plain_greedy(tmp_path, seed: int, bs: int, n: int, page: int) -> None:
+    spec, p_spec, res = run(tmp_path, "spec", seed=seed, batch_size=bs, spec_steps=n, page_size=page)
+    plain, p_plain, _ = run(tmp_path, "plain", seed=seed, batch_size=bs, spec_steps=0, page_size=page)
+    assert spec == plain
+    assert all(len(v) >= 1 for v in spec.values())
+    assert res.stats.mean_accept_length > 1.0
+    assert list(check_steps(steps_of(p_spec))) == []
+    assert list(check_steps(steps_of(p_plain))) == []
+
+
+def test_graph_replay_equals_eager_and_pads(tmp_path) -> None:
+    graph, p, _ = run(tmp_path, "graph", batch_size=6, num_requests=10, cuda_graph=True, plan_stream=True)
+    eager, pe, _ = run(tmp_path, "eager", batch_size=6, num_requests=10, cuda_graph=False)
+    assert graph == eager
+    steps = steps_of(p)
+    assert any(s.graph == GraphPhase.CAPTURE for s in steps)
+    padded = [s for s in steps if s.graph == GraphPhase.REPLAY and s.padded_batch_size > s.batch_size]
+    assert padded, "changing batch sizes should replay padded graphs"
+    assert len({s.batch_size for s in steps if s.iteration >= 0}) > 2
+    assert all(s.graph == GraphPhase.EAGER for s in steps_of(pe))
+
+
+def test_recorded_steps_satisfy_the_formulas(tmp_path) -> None:
+    """cache_seqlens = per-mode formula, cu_seqlens_k = prefix sum, page-table rows = req_to_token slices."""
+    _, p, _ = run(tmp_path, "formulas", batch_size=3, num_requests=5, page_size=16)
+    steps = steps_of(p)
+    modes = {s.mode for s in steps}
+    assert modes == {ForwardMode.EXTEND, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND}
+    checked = 0
+    for s in steps:
+        cs = s.array("cache_seqlens").values
+        cuk = s.array("cu_seqlens_k").values
+        assert cuk[0] == 0 and (cuk[1:] == cs.cumsum()).all()
+        for b, r in enumerate(s.requests):
+            want = {ForwardMode.EXTEND: r.seq_len_after, ForwardMode.DRAFT_DECODE: r.seq_len_before + s.step_id + 1,
+                    ForwardMode.TARGET_VERIFY: r.seq_len_before + s.tokens_per_request,
+                    ForwardMode.DRAFT_EXTEND: r.seq_len_before + s.tokens_per_request}[s.mode]
+            assert cs[b] == want
+            n = -(-int(cs[b]) // s.page_size)
+            pt, starts = s.array("page_table").values, s.array("req_to_token_page_starts").values
+            assert (pt[b, :n] == starts[b, :n] // s.page_size).all()
+            checked += 1
+    assert checked > 50
+
+
+def test_verify_rows_record_drafts_and_acceptance(tmp_path) -> None:
+    out, p, res = run(tmp_path, "accept")
+    verify = [s for s in steps_of(p) if s.mode == ForwardMode.TARGET_VERIFY]
+    rows = [r for s in verify for r in s.requests]
+    assert rows and all(len(r.draft_tokens) == 3 and 1 <= r.accept_length <= 4 for r in rows)
+    assert all(r.seq_len_after == r.seq_len_before + r.accept_length for r in rows)
+    mean = sum(r.accept_length for r in rows) / len(rows)
+    assert mean == pytest.approx(res.stats.mean_accept_length)
+
+
+def test_rejection_sampling_runs_and_is_reproducible(tmp_path) -> None:
+    a, p, res = run(tmp_path, "rs1", temperature=0.8, num_requests=3)
+    b, _, _ = run(tmp_path, "rs2", temperature=0.8, num_requests=3)
+    assert a == b
+    assert list(check_steps(steps_of(p))) == []
+
+
+def test_bad_configurations_are_one_sentence_errors() -> None:
+    with pytest.raises(ConfigError, match="page-size"):
+        EngineConfig(page_size=48).validate()
+    with pytest.raises(ConfigError, match="only bites"):
+        EngineConfig(faults=frozenset({"no-plan-wait"})).validate()
+    with pytest.raises(ConfigError, match="verify-tokens"):
+        EngineConfig(verify_tokens=40).validate()

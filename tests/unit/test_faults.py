@@ -1,0 +1,93 @@
+"""Each injected fault is caught with its expected invariant id; clean runs over many configurations are clean."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from specscope.backend.engine_config import EngineConfig  # noqa: E402
+from specscope.backend.faults import FAULTS  # noqa: E402
+from specscope.backend.session import run_session  # noqa: E402
+from specscope.tracer.checks import check_steps  # noqa: E402
+from specscope.tracer.schema import Severity  # noqa: E402
+from specscope.tracer.store import TraceReader  # noqa: E402
+
+# The smallest configuration in which each fault bites.
+FAULT_CONFIG = {
+    "max-seq-len-q-override": dict(spec_steps=3, verify_tokens=2),
+    "zero-cache-seqlens-at-capture": {},
+    "stale-page-table": dict(page_size=16),
+    "padded-row-seqlen": dict(batch_size=6, num_requests=10),
+    "no-plan-wait": dict(plan_stream=True),
+    "missing-fixup-hook": dict(plan_stream=True),
+}
+
+
+def violations(tmp_path, name: str, **kw) -> list:
+    cfg = dict(model="tiny", draft="tiny-draft", device="cpu", batch_size=4, num_requests=6, max_new_tokens=16,
+               spec_steps=3, prompt_len=(16, 80))
+    cfg.update(kw)
+    path = str(tmp_path / f"{name}.db")
+    run_session(EngineConfig(**cfg), path, command=f"pytest {name}")
+    with TraceReader(path) as r:
+        return list(check_steps(r.steps()))
+
+
+def test_every_fault_has_a_config() -> None:
+    assert set(FAULT_CONFIG) == {f.name for f in FAULTS}
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if not f.gpu_only], ids=lambda f: f.name)
+def test_fault_is_caught(tmp_path, fault) -> None:
+    kw = FAULT_CONFIG[fault.name]
+    bad = violations(tmp_path, "bad", faults=frozenset({fault.name}), **kw)
+    errors = [v for v in bad if v.severity == Severity.ERROR]
+    assert fault.expected_check in {v.check_id for v in errors}, [v.message for v in bad[:5]]
+    clean = violations(tmp_path, "clean", **kw)
+    assert [v for v in clean if v.severity == Severity.ERROR] == []
+
+
+@pytest.mark.parametrize("kw", [
+    dict(seed=1, batch_size=1, page_size=16, spec_steps=1),
+    dict(seed=2, batch_size=5, page_size=32, spec_steps=2, cuda_graph=False),
+    dict(seed=3, batch_size=3, page_size=64, spec_steps=4, plan_stream=True),
+    dict(seed=4, batch_size=6, page_size=128, spec_steps=3, plan_stream=True, cuda_graph=False),
+    dict(seed=5, batch_size=4, page_size=16, spec_steps=0),
+    dict(seed=6, batch_size=7, page_size=32, spec_steps=2, num_requests=12, temperature=0.7),
+], ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_clean_runs_have_no_violations(tmp_path, kw: dict) -> None:
+    assert violations(tmp_path, "clean", **kw) == []
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specscope.ui.cli", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("fault,extra", [("max-seq-len-q-override", ["--verify-tokens", "2"]),
+                                         ("no-plan-wait", ["--plan-stream"])])
+def test_cli_run_inject_then_check(tmp_path, fault: str, extra: list[str]) -> None:
+    """The issue's acceptance: `run --inject` then `check --json` exits 1 with the id; without it, 0."""
+    expected = next(f.expected_check for f in FAULTS if f.name == fault)
+    base = ["run", "--device", "cpu", "--requests", "4", "--batch-size", "3", "--max-new-tokens", "12", "--quiet", *extra]
+    bad, good = str(tmp_path / "bad.db"), str(tmp_path / "good.db")
+    assert _cli(*base, "--inject", fault, "-o", bad).returncode == 0
+    res = _cli("check", bad, "--json")
+    assert res.returncode == 1, res.stderr
+    found = json.loads(res.stdout)
+    assert expected in {v["id"] for v in found}
+    assert all({"id", "severity", "step", "message"} <= set(v) for v in found)
+    assert _cli(*base, "-o", good).returncode == 0
+    assert _cli("check", good, "--json").returncode == 0
+
+
+def test_list_faults_and_unknown_fault() -> None:
+    out = _cli("run", "--list-faults")
+    assert out.returncode == 0 and all(f.name in out.stdout for f in FAULTS)
+    bad = _cli("run", "--device", "cpu", "--inject", "no-such-fault", "--no-trace")
+    assert bad.returncode == 2 and "unknown fault" in bad.stderr and "Traceback" not in bad.stderr
