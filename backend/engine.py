@@ -309,7 +309,7 @@ class Engine:
                 hook_ok = 0
                 if rec_v is not None:
                     rec_v.violations.append(Violation(
-                        "I28", Severity.ERROR, rec_v.index, f"step {rec_v.index}: the plan stream called "
+                        "I28", Severity.ERROR, -1, "step {step}: the plan stream called "
                         f"update_verify_buffers_to_fill_after_draft and it raised NotImplementedError ({e})"))
         draft_mat = torch.stack(drafts, 1) if drafts else torch.zeros(bs, 0, dtype=torch.int64, device=dev)
         root = torch.tensor([r.root for r in reqs], dtype=torch.int64, device=dev)

@@ -22,7 +22,7 @@ class EngineConfig:
     model: str = "tiny"
     draft: str | None = "tiny"
     device: str = "cpu"  # resolved: "cpu" or "cuda[:n]"
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on the CPU
     batch_size: int = 4
     num_requests: int = 8
     max_new_tokens: int = 32
@@ -61,6 +61,8 @@ class EngineConfig:
             self.verify_tokens = self.spec_steps + 1
         if self.spec_steps and not 2 <= self.verify_tokens <= 16:
             raise ConfigError("--verify-tokens must be between 2 and 16")
+        if self.dtype == "auto":
+            self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
             raise ConfigError(f"unsupported --dtype {self.dtype}")
         need = {

@@ -35,6 +35,16 @@ FAULTS: tuple[Fault, ...] = (
 
 FAULT_NAMES = tuple(f.name for f in FAULTS)
 
+# The smallest engine settings (EngineConfig fields) under which each fault bites; tests and docs use them.
+FAULT_SETTINGS: dict[str, dict[str, object]] = {
+    "max-seq-len-q-override": {"spec_steps": 3, "verify_tokens": 2},
+    "zero-cache-seqlens-at-capture": {},
+    "stale-page-table": {"page_size": 16},
+    "padded-row-seqlen": {"batch_size": 6, "num_requests": 10},
+    "no-plan-wait": {"plan_stream": True},
+    "missing-fixup-hook": {"plan_stream": True},
+}
+
 
 def parse_faults(names: list[str] | tuple[str, ...] | None) -> frozenset[str]:
     """Validate fault names; raises ValueError naming the unknown one and listing the known ones."""

@@ -6,7 +6,6 @@ import os
 import platform
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,10 +89,12 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
                 progress: Callable[[int, int], None] | None = None, random_weights: bool = False) -> SessionResult:
     """Run `cfg` end to end, recording into `trace_path` (no trace when None)."""
     cfg.device = resolve_device(cfg.device)
-    if cfg.dtype == "auto":
-        cfg.dtype = "bfloat16" if cfg.device.startswith("cuda") else "float32"
     cfg.validate()
     dev = torch.device(cfg.device)
+    if dev.type == "cpu":
+        # The embedded models are tiny: intra-op threads cost more than they save on small matmuls, and
+        # collapse (x40) when another process shares the cores. SPECSCOPE_CPU_THREADS overrides.
+        torch.set_num_threads(int(os.environ.get("SPECSCOPE_CPU_THREADS", "1")))
     target = load_model(cfg.model, device=dev, dtype=cfg.torch_dtype, random_weights=random_weights,
                         seed=cfg.seed)
     draft = None
@@ -134,7 +135,3 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
         recorder.close()
     return SessionResult(stats, requests, trace_path, device_name, kernels.name)
 
-
-def environment_summary() -> str:
-    """One line about where this runs (for error messages and the demo banner)."""
-    return f"python {platform.python_version()} on {platform.machine()}, pid {os.getpid()}, {sys.platform}"

@@ -3,13 +3,19 @@
 Blob layout (little-endian):
 
     b"SA"  u8 version(=1)  u8 codec  u8 len(dtype)  dtype.str (ASCII, e.g. "<i4")  u8 ndim  u64 x ndim shape
-    payload
+    [16-byte base digest, codecs 4 and 5 only]  payload
 
-codec 0 = raw C-order bytes; 1 = zlib(raw); 2 = integer delta along the last axis (first column kept,
-wrapping arithmetic so it is lossless for every integer dtype), then zlib; 3 = delta, not compressed.
-Page tables and cumulative sequence lengths are runs of +1 / small steps, which delta turns into long
-runs zlib packs well. Integer arrays of one or more dimensions use delta; all others do not. The
-uncompressed codecs (0, 3) are for arrays stored inside a step body, which is compressed as a whole.
+The payload is the array's C-order bytes, transformed: integer arrays of one or more dimensions are
+delta-coded along the last axis (first column kept; wrapping arithmetic, so it is lossless for every
+integer dtype), other arrays are kept as they are. Page tables, cumulative lengths and positions are
+runs of +1 / small steps, which delta turns into long runs zlib packs well.
+
+    codec 0 raw   1 zlib   2 delta + zlib   3 delta   4 delta + zlib(base)   5 zlib(base)
+
+The uncompressed codecs (0, 3) are for arrays inside a step body, which is compressed as a whole.
+Codecs 4 and 5 compress with the transformed bytes of a *base* array (the previous version of the
+same array, named by its digest) as zlib's preset dictionary: a page table that gained one page since
+the previous step costs a few hundred bytes instead of kilobytes. Decoding needs the base first.
 """
 
 from __future__ import annotations
@@ -28,8 +34,14 @@ CODEC_RAW = 0
 CODEC_ZLIB = 1
 CODEC_DELTA_ZLIB = 2
 CODEC_DELTA = 3
-_DELTA_CODECS = (CODEC_DELTA_ZLIB, CODEC_DELTA)
-_ZLIB_CODECS = (CODEC_ZLIB, CODEC_DELTA_ZLIB)
+CODEC_DELTA_ZLIB_BASE = 4
+CODEC_ZLIB_BASE = 5
+_DELTA_CODECS = (CODEC_DELTA_ZLIB, CODEC_DELTA, CODEC_DELTA_ZLIB_BASE)
+_ZLIB_CODECS = (CODEC_ZLIB, CODEC_DELTA_ZLIB, CODEC_DELTA_ZLIB_BASE, CODEC_ZLIB_BASE)
+_BASE_CODECS = (CODEC_DELTA_ZLIB_BASE, CODEC_ZLIB_BASE)
+_ALL_CODECS = (0, 1, 2, 3, 4, 5)
+DIGEST_BYTES = 16
+ZDICT_BYTES = 32768  # zlib's window: only the base's last 32 KiB can be referenced
 # Level 1, not 6: on page tables level 6 saves ~20% of a few hundred bytes at ~3.5x the CPU time,
 # and the writer must keep up with thousands of steps per second.
 ZLIB_LEVEL = 1
@@ -79,6 +91,41 @@ def digest(arr: np.ndarray) -> bytes:
 _headers: dict[tuple[np.dtype, tuple[int, ...], bool], tuple[bytes, bool]] = {}
 
 
+def _payload(arr: np.ndarray) -> bytes:
+    """The transformed bytes of `arr` (delta-coded if it is an integer array), as encode() compresses them."""
+    arr = _contiguous(arr)
+    if arr.dtype.kind in "iu" and arr.ndim >= 1 and arr.shape[-1] > 1:
+        data = arr.copy()
+        data[..., 1:] -= arr[..., :-1]
+        arr = data
+    return arr.tobytes()
+
+
+def encode_with_base(arr: np.ndarray, base: np.ndarray, base_digest: bytes) -> bytes:
+    """Encode `arr` compressed against `base` (whose blob has digest `base_digest`): codec 4 or 5."""
+    arr = _contiguous(arr)
+    _check_encodable(arr)
+    codec = CODEC_DELTA_ZLIB_BASE if _codec_for(arr) == CODEC_DELTA_ZLIB else CODEC_ZLIB_BASE
+    if len(base_digest) != DIGEST_BYTES:
+        raise ValueError("base digest must be 16 bytes")
+    c = zlib.compressobj(ZLIB_LEVEL, zdict=_payload(base)[-ZDICT_BYTES:])
+    return _header(codec, arr) + base_digest + c.compress(_payload(arr)) + c.flush()
+
+
+def base_digest(blob: bytes) -> bytes | None:
+    """The digest of the base a blob was compressed against, or None; TraceError if the header is damaged."""
+    try:
+        codec, _, _, pos = _parse_header(bytes(blob[: 5 + 255 + 1 + 8 * _MAX_NDIM + DIGEST_BYTES]))
+    except (struct.error, ValueError, TypeError, OverflowError) as e:
+        raise TraceError(f"damaged array blob ({type(e).__name__}: {e})") from e
+    if codec not in _BASE_CODECS:
+        return None
+    d = bytes(blob[pos - DIGEST_BYTES : pos])
+    if len(d) != DIGEST_BYTES:
+        raise TraceError("damaged array blob (truncated base digest)")
+    return d
+
+
 def encode(arr: np.ndarray, *, compress: bool = True) -> bytes:
     """Encode `arr` as a self-describing blob (zlib-compressed unless `compress=False`)."""
     arr = _contiguous(arr)
@@ -101,23 +148,27 @@ def encode(arr: np.ndarray, *, compress: bool = True) -> bytes:
     return header + (zlib.compress(raw, ZLIB_LEVEL) if compress else raw)
 
 
-def decode(blob: bytes) -> np.ndarray:
-    """Decode a blob made by `encode`; any damage raises TraceError (the result is read-only)."""
+def decode(blob: bytes, base: np.ndarray | None = None) -> np.ndarray:
+    """Decode a blob made by `encode` (or `encode_with_base`, given its base array).
+
+    Any damage raises TraceError; the result is read-only.
+    """
     try:
-        return _decode(bytes(blob))
+        return _decode(bytes(blob), base)
     except TraceError:
         raise
     except (zlib.error, struct.error, ValueError, TypeError, OverflowError, MemoryError) as e:
         raise TraceError(f"damaged array blob ({type(e).__name__}: {e})") from e
 
 
-def _decode(blob: bytes) -> np.ndarray:
+def _parse_header(blob: bytes) -> tuple[int, np.dtype, tuple[int, ...], int]:
+    """codec, dtype, shape and the payload offset of a blob."""
     if len(blob) < 6 or blob[:2] != MAGIC:
         raise TraceError("damaged array blob (bad magic)")
     version, codec, dlen = struct.unpack_from("<BBB", blob, 2)
     if version != VERSION:
         raise TraceError(f"array blob has unknown version {version}")
-    if codec not in (CODEC_RAW, CODEC_ZLIB, CODEC_DELTA_ZLIB, CODEC_DELTA):
+    if codec not in _ALL_CODECS:
         raise TraceError(f"array blob has unknown codec {codec}")
     pos = 5
     dtype = np.dtype(blob[pos : pos + dlen].decode("ascii"))
@@ -130,6 +181,20 @@ def _decode(blob: bytes) -> np.ndarray:
         raise TraceError(f"damaged array blob ({ndim} dimensions)")
     shape = struct.unpack_from(f"<{ndim}Q", blob, pos)
     pos += 8 * ndim
+    if codec in _BASE_CODECS:
+        pos += DIGEST_BYTES
+    return codec, dtype, shape, pos
+
+
+def _decode(blob: bytes, base: np.ndarray | None) -> np.ndarray:
+    codec, dtype, shape, pos = _parse_header(blob)
+    if len(blob) < pos:
+        raise TraceError("damaged array blob (truncated header)")
+    zdict = b""
+    if codec in _BASE_CODECS:
+        if base is None:
+            raise TraceError("array blob needs its base array to be decoded")
+        zdict = _payload(base)[-ZDICT_BYTES:]
     count = 1
     for n in shape:
         count *= n
@@ -138,7 +203,7 @@ def _decode(blob: bytes) -> np.ndarray:
         if nbytes > len(blob) * 1032 + 1024:
             # zlib cannot expand more than ~1032x: a larger claimed size is damage, not data.
             raise TraceError("damaged array blob (shape larger than its data)")
-        d = zlib.decompressobj()
+        d = zlib.decompressobj(zdict=zdict) if zdict else zlib.decompressobj()
         raw = d.decompress(blob[pos:], nbytes + 1)
         ok = len(raw) == nbytes and d.eof and not d.unused_data
     else:
@@ -148,7 +213,7 @@ def _decode(blob: bytes) -> np.ndarray:
         raise TraceError("damaged array blob (payload length does not match its shape)")
     arr = np.frombuffer(raw, dtype=dtype).reshape(shape)
     if codec in _DELTA_CODECS:
-        if dtype.kind not in "iu" or ndim == 0:
+        if dtype.kind not in "iu" or len(shape) == 0:
             raise TraceError("damaged array blob (delta codec on a non-integer array)")
         arr = np.cumsum(arr, axis=-1, dtype=dtype) if arr.shape[-1] > 1 else arr.copy()
     arr.flags.writeable = False

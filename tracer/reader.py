@@ -21,6 +21,7 @@ from .errors import TraceError, TraceIndexError
 from .schema import MAGIC, SCHEMA_MAJOR, RequestRecord, RunInfo, Severity, Step, Violation
 
 _BATCH = 128  # rows per query when streaming, so no statement stays open across yields
+_MAX_BASE_DEPTH = 64  # writers chain at most 8; anything deeper (or a cycle) is damage
 _ARRAY_CACHE_SIZE = 512
 # What damaged bytes can raise on their way through sqlite3, zlib, json, numpy and the schema types.
 _DAMAGE = (
@@ -67,6 +68,7 @@ class TraceReader:
         self.path = os.fspath(path)
         self._lock = threading.RLock()
         self._arrays: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
+        self._count = (0, -(2**63))  # (steps counted, highest index counted) for num_steps()
         check_file(self.path)
         self._conn = self._open()
         try:
@@ -157,7 +159,13 @@ class TraceReader:
     def num_steps(self) -> int:
         """Steps committed right now (re-queried on every call, so a live trace grows)."""
         with self._guard("counting steps"):
-            return int(self._conn.execute("SELECT count(*) FROM steps").fetchone()[0])
+            # Steps are append-only with increasing indexes, so only rows past the last one seen need
+            # counting: a poll of a live 100k-step trace stays O(new steps), not a full table scan.
+            n, last = self._count
+            more, top = self._conn.execute("SELECT count(*), max(idx) FROM steps WHERE idx > ?", (last,)).fetchone()
+            if more:
+                self._count = (n + int(more), int(top))
+            return self._count[0]
 
     def is_closed(self) -> bool:
         """True once the writer closed the trace cleanly (False while live, or after a crash)."""
@@ -170,8 +178,7 @@ class TraceReader:
         with self._guard(f"reading step {i}"):
             rows = self._fetch_steps("s.idx = ?", (i,))
             if not rows:
-                n = self._conn.execute("SELECT count(*) FROM steps").fetchone()[0]
-                raise TraceIndexError(f"has no step {i} ({n} steps)", self.path)
+                raise TraceIndexError(f"has no step {i} ({self.num_steps()} steps)", self.path)
             return self._assemble(rows)[0]
 
     def steps(self, start: int = 0, stop: int | None = None) -> Iterator[Step]:
@@ -236,25 +243,45 @@ class TraceReader:
         cache = self._arrays
         out = {d: cache[d] for d in digests if d in cache}
         want = sorted(digests - out.keys())
+        blobs: dict[bytes, bytes] = {}
         for k in range(0, len(want), 500):  # stay under SQLite's bound-parameter limit
             chunk = want[k : k + 500]
             q = f"SELECT digest, data FROM blobs WHERE digest IN ({', '.join('?' * len(chunk))})"
-            for digest, data in self._conn.execute(q, chunk):
-                if not isinstance(data, bytes):
-                    raise TraceError(f"damaged: array blob {digest.hex()} is not binary")
-                try:
-                    out[digest] = codec.decode(data)
-                except TraceError as e:
-                    problem = f"damaged: array blob {digest.hex()} cannot be decoded ({e.problem})"
-                    raise TraceError(problem) from None
-        for i in digests:
-            if i not in out:
-                raise TraceError(f"damaged: array blob {i.hex()} is missing")
-            cache[i] = out[i]
-            cache.move_to_end(i)
+            blobs.update(self._conn.execute(q, chunk).fetchall())
+        for d in want:
+            out[d] = self._decode_blob(d, blobs, 0)
+        for d in digests:
+            cache[d] = out[d]
+            cache.move_to_end(d)
+        # Decoded bases stay cached too: the next steps of a sequential read chain onto them.
         while len(cache) > _ARRAY_CACHE_SIZE:
             cache.popitem(last=False)
         return out
+
+    def _decode_blob(self, digest: bytes, blobs: dict[bytes, bytes], depth: int) -> np.ndarray:
+        """Decode one blob, first decoding the chain of bases it was compressed against."""
+        if digest in self._arrays:
+            return self._arrays[digest]
+        if depth > _MAX_BASE_DEPTH:
+            raise TraceError(f"damaged: array blob {digest.hex()} has a base chain deeper than {_MAX_BASE_DEPTH}")
+        data = blobs.get(digest)
+        if data is None:
+            row = self._conn.execute("SELECT data FROM blobs WHERE digest = ?", (digest,)).fetchone()
+            data = None if row is None else row[0]
+        if data is None:
+            raise TraceError(f"damaged: array blob {digest.hex()} is missing")
+        if not isinstance(data, bytes):
+            raise TraceError(f"damaged: array blob {digest.hex()} is not binary")
+        try:
+            b = codec.base_digest(data)
+            base = None if b is None else self._decode_blob(b, blobs, depth + 1)
+            arr = codec.decode(data, base)
+        except TraceError as e:
+            if e.problem.startswith("damaged: array blob"):
+                raise
+            raise TraceError(f"damaged: array blob {digest.hex()} cannot be decoded ({e.problem})") from None
+        self._arrays[digest] = arr
+        return arr
 
     # -- aggregates (cheap SQL over header columns, for summaries on 100k-step traces) ---------------
 

@@ -10,6 +10,7 @@ With tracing off the engine uses `NullRecorder`, whose methods do nothing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -64,7 +65,7 @@ class StepRecord:
     packs: list[_PendingPack] = field(default_factory=list)
     floats: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # sampled attention inputs/outputs
     spans: list[_PendingSpan] = field(default_factory=list)
-    violations: list[Violation] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)  # step=-1 and "{step}" until the step ends
     done_event: Any = None  # CUDA event after the last async copy of this step
 
 
@@ -126,10 +127,10 @@ class Recorder:
                    batch_size: int, padded_batch_size: int, graph: GraphPhase, tokens_per_request: int,
                    num_draft_tokens: int, page_size: int) -> StepRecord:
         """Open a step record."""
-        rec = StepRecord(self._next_index, iteration, mode, model, step_id, batch_size, padded_batch_size, graph,
-                         tokens_per_request, num_draft_tokens, page_size, time.perf_counter_ns())
-        self._next_index += 1
-        return rec
+        # The index is given when the step ends: steps are numbered in the order their forwards were issued
+        # (a verify prepared on the plan stream before the draft still comes after it).
+        return StepRecord(-1, iteration, mode, model, step_id, batch_size, padded_batch_size, graph,
+                          tokens_per_request, num_draft_tokens, page_size, time.perf_counter_ns())
 
     def snapshot_pack(self, rec: StepRecord, packed: torch.Tensor,
                       layout: list[tuple[str, torch.dtype, tuple[int, ...], int]], crop_cols: dict[str, int]) -> None:
@@ -174,6 +175,10 @@ class Recorder:
     def end_step(self, rec: StepRecord) -> None:
         """Close the step; it is written once its device work completes."""
         rec.end_ns = time.perf_counter_ns()
+        rec.index = self._next_index
+        self._next_index += 1
+        rec.violations = [dataclasses.replace(v, step=rec.index, message=v.message.replace("{step}", str(rec.index)))
+                          for v in rec.violations]
         if self.is_cuda:
             ev = torch.cuda.Event()
             ev.record(torch.cuda.current_stream(self.device))

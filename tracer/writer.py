@@ -26,6 +26,10 @@ from .errors import TraceError
 from .schema import RequestRecord, RunInfo, Step, Violation
 
 _SEEN_DIGESTS = 8192  # blobs the encoder knows are stored; page tables repeat across nearby steps
+# A changed page table is compressed against the last stand-alone version of the same array (a "key"),
+# and every KEY_INTERVAL-th version is a new key. Bases are always keys, so a random read decodes at most
+# one base per array, and a damaged key spoils at most KEY_INTERVAL versions.
+KEY_INTERVAL = 32
 _WAL_AUTOCHECKPOINT_PAGES = 16384  # 64 MiB: fewer checkpoints (each one fsyncs) on long runs
 _STOP = "stop"
 _FLUSH = "flush"
@@ -63,7 +67,9 @@ class TraceWriter:
         self._in: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max(1, queue_size))
         self._out: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=64)
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        self._last: dict[str, tuple[np.ndarray, bytes]] = {}
+        self._last: dict[str, tuple[np.ndarray, bytes]] = {}  # array name -> last values and digest
+        self._keys: dict[str, tuple[np.ndarray, bytes, int]] = {}  # name -> key values, digest, uses
+        self._last_index: int | None = None
         # Daemon threads so a forgotten close() cannot hang interpreter exit; atexit flushes them.
         name = f"specscope-writer:{os.path.basename(self.path)}"
         self._encoder = threading.Thread(target=self._encode_loop, name=name + ":encode", daemon=True)
@@ -198,11 +204,17 @@ class TraceWriter:
                 return
 
     def _encode_step(self, step: Step) -> tuple[Any, ...]:
+        # Readers count steps incrementally (by index), so indexes must only grow.
+        if self._last_index is not None and step.index <= self._last_index:
+            if step.index == self._last_index:
+                raise TraceError(f"step index {step.index} was written twice")
+            raise TraceError(f"step index {step.index} was written after step {self._last_index} (indexes must grow)")
+        self._last_index = int(step.index)
         new_blobs: list[tuple[bytes, bytes]] = []
 
         def blob_ref(name: str, values: np.ndarray) -> str:
-            # Page tables mostly equal the previous step's: comparing is ~4x cheaper than hashing.
             prev = self._last.get(name)
+            # Page tables mostly equal the previous step's: comparing is ~4x cheaper than hashing.
             if prev is not None and prev[0].shape == values.shape and prev[0].dtype == values.dtype:
                 if prev[0] is values or np.array_equal(prev[0], values):
                     return prev[1].hex()
@@ -210,11 +222,17 @@ class TraceWriter:
             self._last[name] = (values, d)
             if d in self._seen:
                 self._seen.move_to_end(d)
+                return d.hex()
+            key = self._keys.get(name)
+            if key is not None and key[2] < KEY_INTERVAL - 1:
+                new_blobs.append((d, codec.encode_with_base(values, key[0], key[1])))
+                self._keys[name] = (key[0], key[1], key[2] + 1)
             else:
                 new_blobs.append((d, codec.encode(values)))
-                self._seen[d] = None
-                if len(self._seen) > _SEEN_DIGESTS:
-                    self._seen.popitem(last=False)
+                self._keys[name] = (values, d, 0)
+            self._seen[d] = None
+            if len(self._seen) > _SEEN_DIGESTS:
+                self._seen.popitem(last=False)
             return d.hex()
 
         row, body = tables.encode_step(step, blob_ref)

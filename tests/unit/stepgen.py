@@ -74,6 +74,9 @@ def make_step(i: int, bs: int = 4) -> Step:
         ArraySnapshot("spec_mask", "uint16", (bs, t, 2), 0, rng.integers(0, 2**16, (bs, t, 2), dtype=np.uint16)),
         ArraySnapshot("empty", "int32", (0,), 0, np.zeros((0,), np.int32)),
         ArraySnapshot("empty2d", "int64", (3, 0), 0, np.zeros((3, 0), np.int64)),
+        # Over the inline limit, so it goes to the blobs table; it changes every other step (one row
+        # gains a page), so consecutive versions are stored against each other as a base chain.
+        ArraySnapshot("req_to_token_page_starts", "int32", (8, 512), 0, big_pages(i, padded)),
     )  # fmt: skip
     t0 = 5_000_000 + i * 1000
     spans = (
@@ -106,6 +109,15 @@ def make_step(i: int, bs: int = 4) -> Step:
         spans=spans,
         violations=viol,
     )
+
+
+def big_pages(i: int, rows: int) -> np.ndarray:
+    """A [rows, 300] page-start table whose row (i // 2) % rows gets one new page every other step."""
+    t = (np.arange(rows * 300, dtype=np.int32).reshape(rows, 300) * 16 + 4096) % 100_000
+    changed = i // 2
+    for k in range(changed):
+        t[k % rows, 299 - (k // rows) % 300] = 7 * k + 1
+    return t
 
 
 def make_request(r: int) -> RequestRecord:

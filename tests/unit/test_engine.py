@@ -64,9 +64,12 @@ def test_recorded_steps_satisfy_the_formulas(tmp_path) -> None:
         cuk = s.array("cu_seqlens_k").values
         assert cuk[0] == 0 and (cuk[1:] == cs.cumsum()).all()
         for b, r in enumerate(s.requests):
-            want = {ForwardMode.EXTEND: r.seq_len_after, ForwardMode.DRAFT_DECODE: r.seq_len_before + s.step_id + 1,
-                    ForwardMode.TARGET_VERIFY: r.seq_len_before + s.tokens_per_request,
-                    ForwardMode.DRAFT_EXTEND: r.seq_len_before + s.tokens_per_request}[s.mode]
+            if s.mode == ForwardMode.EXTEND:
+                want = r.seq_len_after
+            elif s.mode == ForwardMode.DRAFT_DECODE:
+                want = r.seq_len_before + s.step_id + 1
+            else:  # TARGET_VERIFY and DRAFT_EXTEND: S + T
+                want = r.seq_len_before + s.tokens_per_request
             assert cs[b] == want
             n = -(-int(cs[b]) // s.page_size)
             pt, starts = s.array("page_table").values, s.array("req_to_token_page_starts").values

@@ -11,21 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from specscope.backend.engine_config import EngineConfig  # noqa: E402
-from specscope.backend.faults import FAULTS  # noqa: E402
+from specscope.backend.faults import FAULT_SETTINGS, FAULTS  # noqa: E402
 from specscope.backend.session import run_session  # noqa: E402
 from specscope.tracer.checks import check_steps  # noqa: E402
 from specscope.tracer.schema import Severity  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402
 
-# The smallest configuration in which each fault bites.
-FAULT_CONFIG = {
-    "max-seq-len-q-override": dict(spec_steps=3, verify_tokens=2),
-    "zero-cache-seqlens-at-capture": {},
-    "stale-page-table": dict(page_size=16),
-    "padded-row-seqlen": dict(batch_size=6, num_requests=10),
-    "no-plan-wait": dict(plan_stream=True),
-    "missing-fixup-hook": dict(plan_stream=True),
-}
+FAULT_CONFIG = FAULT_SETTINGS
 
 
 def violations(tmp_path, name: str, **kw) -> list:

@@ -114,6 +114,22 @@ def test_identical_arrays_stored_once(tmp_path: os.PathLike[str]) -> None:
         assert np.array_equal(r.step(5).array("other_name").values, table)
 
 
+def test_base_chains_decode_in_any_order(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "t.db")
+    n = 40  # 20 versions of the big table: several chains of up to MAX_BASE_CHAIN
+    with TraceWriter(path, make_run()) as w:
+        for i in range(n):
+            w.write_step(make_step(i))
+    with sqlite3.connect(path) as c:
+        codecs = [row[0][3] for row in c.execute("SELECT data FROM blobs")]
+    assert codecs.count(codec.CODEC_DELTA_ZLIB_BASE) > codecs.count(codec.CODEC_DELTA_ZLIB) > 0
+    for i in [37, 0, 22, 15, 39, 8]:  # a fresh reader each time: nothing cached
+        with TraceReader(path) as r:
+            assert r.step(i) == make_step(i)
+    with TraceReader(path) as r:
+        assert list(r.steps()) == [make_step(i) for i in range(n)]
+
+
 def test_checker_violations_append_and_replace(small_trace: str) -> None:
     v1 = Violation("I4", Severity.ERROR, 2, "step 2: cu_seqlens_k[3] = 40 != 41", 1001)
     v2 = Violation("I4", Severity.ERROR, 5, "step 5: cu_seqlens_k[1] = 9 != 10", None)
@@ -173,6 +189,14 @@ def test_writer_cleans_up_a_failed_create(tmp_path: os.PathLike[str]) -> None:
     assert not os.path.exists(path)
     with pytest.raises(TraceError, match="cannot create the trace"):
         TraceWriter(os.path.join(tmp_path, "no", "such", "dir.db"), make_run())
+
+
+def test_writer_refuses_decreasing_indexes(tmp_path: os.PathLike[str]) -> None:
+    w = TraceWriter(os.path.join(tmp_path, "t.db"), make_run())
+    w.write_step(make_step(5))
+    w.write_step(make_step(3))
+    with pytest.raises(TraceError, match="step index 3 was written after step 5"):
+        w.close()
 
 
 def test_backpressure_never_drops(tmp_path: os.PathLike[str]) -> None:
@@ -239,6 +263,23 @@ def test_codec_delta_compresses_page_runs() -> None:
 def test_codec_rejects_garbage(blob: bytes) -> None:
     with pytest.raises(TraceError):
         codec.decode(blob)
+
+
+def test_codec_base_round_trip() -> None:
+    base = np.random.default_rng(0).permutation(64 * 70).astype(np.int32).reshape(64, 70)  # fragmented pages
+    new = base.copy()
+    new[5, 60:] = 99_999
+    d = codec.digest(base)
+    blob = codec.encode_with_base(new, base, d)
+    assert codec.base_digest(blob) == d and codec.base_digest(codec.encode(new)) is None
+    assert len(blob) < len(codec.encode(new)) // 10
+    assert np.array_equal(codec.decode(blob, base), new)
+    with pytest.raises(TraceError, match="needs its base"):
+        codec.decode(blob)
+    with pytest.raises(TraceError):
+        codec.decode(blob, base + 1)  # the wrong base: zlib's dictionary check fails
+    f = np.linspace(0, 1, 2000, dtype=np.float32)
+    assert np.array_equal(codec.decode(codec.encode_with_base(f * 2, f, codec.digest(f)), f), f * 2)
 
 
 def test_codec_rejects_bad_zlib_payload() -> None:

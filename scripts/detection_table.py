@@ -1,0 +1,65 @@
+#!/usr/bin/env python
+"""Inject every fault on one device, check the trace, and record which invariants caught it and when.
+
+    python scripts/detection_table.py --device cpu --out docs/detection-cpu.json
+    python scripts/detection_table.py --device cuda --out docs/detection-h200.json   # on a GPU host
+
+Each fault runs under its smallest biting settings (backend/faults.py FAULT_SETTINGS) on the embedded models;
+the same run without the fault must be clean. The first detected step is the trace's step index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from specscope.backend.engine_config import EngineConfig
+from specscope.backend.faults import FAULT_SETTINGS, FAULTS
+from specscope.backend.session import run_session
+from specscope.tracer.checks import check_steps
+from specscope.tracer.schema import Severity
+from specscope.tracer.store import TraceReader
+
+
+def run(device: str, faults: frozenset[str], settings: dict, tmp: Path, name: str) -> tuple[list, int, str]:
+    cfg = dict(model="tiny", draft="tiny-draft", device=device, dtype="auto", batch_size=4, num_requests=6,
+               max_new_tokens=16, spec_steps=3, prompt_len=(16, 80), record_attention=7)
+    cfg.update(settings)
+    path = tmp / f"{name}.db"
+    res = run_session(EngineConfig(**cfg, faults=faults), str(path), command=f"detection_table {name}")
+    with TraceReader(str(path)) as r:
+        return list(check_steps(r.steps())), r.num_steps(), res.device_name
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    rows = []
+    device_name = args.device
+    for f in FAULTS:
+        settings = FAULT_SETTINGS[f.name]
+        bad, steps, device_name = run(args.device, frozenset({f.name}), settings, tmp, f.name)
+        clean, _, _ = run(args.device, frozenset(), settings, tmp, f.name + "-clean")
+        errors = [v for v in bad if v.severity == Severity.ERROR]
+        ids: dict[str, int] = {}
+        for v in errors:
+            ids.setdefault(v.check_id, v.step)
+        rows.append(dict(fault=f.name, settings=settings, expected=f.expected_check,
+                         detected=f.expected_check in ids, first_step=ids.get(f.expected_check),
+                         also_caught_by=ids, steps=steps,
+                         clean_errors=sum(v.severity == Severity.ERROR for v in clean)))
+        print(f"{f.name:32s} expected {f.expected_check:4s} first step {ids.get(f.expected_check)!s:>5s}  "
+              f"all {sorted(ids)}  clean errors {rows[-1]['clean_errors']}", flush=True)
+    Path(args.out).write_text(json.dumps(dict(device=device_name, date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                                              command=f"python scripts/detection_table.py --device {args.device}",
+                                              rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()

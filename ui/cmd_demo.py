@@ -1,0 +1,40 @@
+"""`specscope demo`: run the embedded default (tiny target + draft, speculative decoding) with no arguments."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from .cmd_run import add_run_arguments
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `demo`."""
+    p = subparsers.add_parser("demo", help="run the embedded tiny models and record a trace (no arguments needed)",
+                              description="Run the embedded byte-level target and draft models through the "
+                                          "instrumented backend, record a trace, and check it.")
+    add_run_arguments(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run, then check the trace and say what to do next."""
+    from .cmd_run import run as run_engine
+
+    if not args.output and not args.no_trace:
+        args.output = time.strftime("specscope-demo-%Y%m%d-%H%M%S.db")
+    rc = run_engine(args)
+    if rc != 0 or args.no_trace or not os.path.exists(args.output):
+        return rc
+    from specscope.tracer.checks import check_steps
+    from specscope.tracer.schema import Severity
+    from specscope.tracer.store import TraceReader
+
+    with TraceReader(args.output) as reader:
+        found = list(check_steps(reader.steps()))
+    errors = sum(v.severity == Severity.ERROR for v in found)
+    print(f"checks        {len(found)} violations ({errors} errors)")
+    print(f"\nnext: specscope info {args.output}    specscope check {args.output}", file=sys.stderr)
+    return 0
