@@ -96,14 +96,15 @@ class Engine:
 
     def _capture(self) -> None:
         with nvtx("capture", self.nvtx):
+            ladder = list(self.cfg.graph_batch_sizes) or None
             if not self.spec:
                 self.target.capture_graphs([(ForwardMode.DECODE, None, 1)], self.cfg.batch_size,
-                                           self._template(self.target))
+                                           self._template(self.target), ladder)
                 return
             self.target.capture_graphs([(ForwardMode.TARGET_VERIFY, None, self.T)], self.cfg.batch_size,
-                                       self._template(self.target))
+                                       self._template(self.target), ladder)
             self.draft.capture_graphs([(ForwardMode.DRAFT_DECODE, i, 1) for i in range(self.num_draft_steps)],
-                                      self.cfg.batch_size, self._template(self.draft))
+                                      self.cfg.batch_size, self._template(self.draft), ladder)
 
     # ---- the run -------------------------------------------------------------------------------------
     def run(self, requests: list[Request], progress: Callable[[int, int], None] | None = None) -> RunStats:

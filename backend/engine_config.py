@@ -39,6 +39,7 @@ class EngineConfig:
     arrival_gap: tuple[int, int] = (0, 2)
     prefill_kernel: str = "fmha_v2"  # GPU extend kernel on SM90: "fmha_v2" or "flashinfer"
     ignore_eos: bool = False
+    graph_batch_sizes: tuple[int, ...] = ()  # sizes to capture; () = 1, 2, 4, 8, 16, 24, ... up to batch_size
     record_attention: int = 0  # keep layer 0's attention inputs/outputs every N steps (differential check)
 
     @property
@@ -61,6 +62,8 @@ class EngineConfig:
             self.verify_tokens = self.spec_steps + 1
         if self.spec_steps and not 2 <= self.verify_tokens <= 16:
             raise ConfigError("--verify-tokens must be between 2 and 16")
+        if self.graph_batch_sizes and max(self.graph_batch_sizes) < self.batch_size:
+            raise ConfigError("--graph-batch-sizes must include a size >= --batch-size")
         if self.dtype == "auto":
             self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
@@ -90,4 +93,5 @@ class EngineConfig:
         d["faults"] = sorted(self.faults)
         d["prompt_len"] = list(self.prompt_len)
         d["arrival_gap"] = list(self.arrival_gap)
+        d["graph_batch_sizes"] = list(self.graph_batch_sizes)
         return d

@@ -69,8 +69,13 @@ class FlashinferKernels:
             raise KernelArgumentError(f"unknown prefill kernel {prefill!r}")
         self.prefill = prefill if self.arch == "xqa" else "trtllm-gen"
         self.device = device
-        # One shared, zero-initialised workspace, as SGLang keeps one global buffer for all backends.
+        # One zero-initialised workspace for the decode/verify kernels, shared by every backend as SGLang's global
+        # buffer is. XQA keeps its semaphores in the first 8 MB and needs them zero between launches, so the
+        # SM90 prefill kernels get a buffer of their own: flashinfer's prefill plan writes its metadata at the
+        # start of the workspace it is given, which corrupted later XQA launches when the two shared one.
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.prefill_workspace = (self.workspace if self.arch == "trtllm-gen"
+                                  else torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device))
         self.name = f"{self.arch}+{self.prefill}"
         self._prefill_wrapper = None
 
@@ -113,7 +118,7 @@ class FlashinferKernels:
             from flashinfer.prefill import trtllm_fmha_v2_prefill
 
             return trtllm_fmha_v2_prefill(
-                (q, kv_cache), "Q_PAGED_KV_HND", self.workspace, cache_seqlens, max_q_len, max_kv_len, scaling,
+                (q, kv_cache), "Q_PAGED_KV_HND", self.prefill_workspace, cache_seqlens, max_q_len, max_kv_len, scaling,
                 1.0, batch_size, cu_seqlens_q, cu_seqlens_k, block_tables=page_table, mask_mode="causal")
         if self.prefill == "trtllm-gen":
             from flashinfer.prefill import trtllm_batch_context_with_kv_cache
@@ -130,7 +135,7 @@ class FlashinferKernels:
         from flashinfer import BatchPrefillWithPagedKVCacheWrapper
 
         if self._prefill_wrapper is None:
-            self._prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="HND")
+            self._prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(self.prefill_workspace, kv_layout="HND")
         lens = cache_seqlens.cpu()
         n_pages = (lens + page_size - 1) // page_size
         cols = torch.arange(page_table.shape[1], device=page_table.device)

@@ -41,14 +41,14 @@ class GraphRunner:
         forward: Callable[[torch.Tensor, torch.Tensor, ForwardBatch], torch.Tensor],
         backend: TRTLLMHABackend, template: ForwardBatch, max_bs: int, tokens_per_req: int,
         device: torch.device, pad_seq_len_from_live: bool = False,
-        pack: Callable[[ForwardBatch], torch.Tensor] | None = None,
+        pack: Callable[[ForwardBatch], torch.Tensor] | None = None, ladder: list[int] | None = None,
     ) -> None:
         self.name = name
         self.mode = mode
         self.forward = forward
         self.backend = backend
         self.template = template
-        self.ladder = capture_ladder(max_bs)
+        self.ladder = sorted(set(ladder)) if ladder else capture_ladder(max_bs)
         self.tokens_per_req = tokens_per_req
         self.device = device
         self.use_cuda_graph = device.type == "cuda"

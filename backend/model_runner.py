@@ -15,7 +15,7 @@ import torch
 from ..tracer.recorder import NullRecorder, Recorder, StepRecord
 from ..tracer.schema import ForwardMode, GraphPhase, RequestState
 from .forward_batch import ForwardBatch
-from .graph_runner import GraphRunner, capture_ladder
+from .graph_runner import GraphRunner
 from .memory import KVPool, ReqToTokenPool
 from .trtllm_mha_backend import AttentionKernels, MissingFixupHookBackend, TRTLLMHABackend
 
@@ -76,7 +76,7 @@ class ModelRunner:
 
     # ---- graphs --------------------------------------------------------------------------------------
     def capture_graphs(self, modes: list[tuple[ForwardMode, int | None, int]], max_bs: int,
-                       template: ForwardBatch) -> None:
+                       template: ForwardBatch, ladder: list[int] | None = None) -> None:
         """Capture (mode, step_id, tokens/request) for every ladder size; each capture is a recorded step."""
         for mode, step_id, tpr in modes:
             backend = self.backend_for(mode, step_id)
@@ -85,9 +85,10 @@ class ModelRunner:
                 name=f"{self.name}:{mode.value}:{step_id}", mode=mode, forward=self.model.forward, backend=backend,
                 template=_with(template, mode, step_id, backend), max_bs=max_bs, tokens_per_req=tpr,
                 device=self.device, pad_seq_len_from_live="padded-row-seqlen" in self.faults,
-                pack=(lambda fb, be=backend: self.pack_snapshot(be, fb)) if self.recorder.enabled else None)
+                pack=(lambda fb, be=backend: self.pack_snapshot(be, fb)) if self.recorder.enabled else None,
+                ladder=ladder)
             self.runners[(mode, step_id)] = runner
-            for bs in capture_ladder(max_bs):
+            for bs in runner.ladder:
                 rec = self.recorder.begin_step(
                     iteration=-1, mode=mode, model=self.name, step_id=step_id, batch_size=bs,
                     padded_batch_size=bs, graph=GraphPhase.CAPTURE, tokens_per_request=tpr,
@@ -179,12 +180,17 @@ class ModelRunner:
                         packed: torch.Tensor | None) -> None:
         """Hand the packed snapshot to the recorder with its layout, and the scalars the checks need."""
         md, p = backend.forward_metadata, self.page_size
-        tensors = self.snapshot_tensors(backend, fb)
         if packed is None:
-            packed = torch.cat([t.reshape(-1).to(torch.int64) for _, t in tensors])
+            packed = self.pack_snapshot(backend, fb)
         width = -(-md.max_seq_len_k // p)
-        layout = [(name, t.dtype, tuple(t.shape), 0 if name == "req_to_token_page_starts" else t.data_ptr())
-                  for name, t in tensors]
+        # The layout comes from shapes and addresses alone: no kernel runs for a replayed graph's snapshot.
+        layout = [(name, t.dtype, tuple(t.shape), t.data_ptr()) for name, t in (
+            ("cache_seqlens", md.cache_seqlens_int32), ("cu_seqlens_q", md.cu_seqlens_q),
+            ("cu_seqlens_k", md.cu_seqlens_k), ("page_table", md.page_table), ("seq_lens", fb.seq_lens),
+            ("req_pool_indices", fb.req_pool_indices), ("out_cache_loc", fb.out_cache_loc),
+            ("positions", fb.positions))]
+        layout.append(("req_to_token_page_starts", self.r2t.req_to_token.dtype,
+                       (fb.req_pool_indices.shape[0], md.page_table.shape[1]), 0))
         self.recorder.snapshot_pack(rec, packed, layout,
                                     crop_cols={"page_table": width, "req_to_token_page_starts": width})
         rec.scalars.update(

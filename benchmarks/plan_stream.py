@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from specscope.backend.engine_config import EngineConfig
 from specscope.backend.session import run_session
 from specscope.tracer.analysis import iteration_streams, summarize_streams
@@ -27,7 +26,7 @@ def measure(label: str, model: str, draft: str, bs: int, new: int, prompt: tuple
             keep: str | None) -> dict:
     cfg = EngineConfig(model=model, draft=draft, device="cuda", dtype="bfloat16", batch_size=bs, num_requests=bs,
                        max_new_tokens=new, spec_steps=3, cuda_graph=True, plan_stream=True, prompt_len=prompt,
-                       arrival_gap=(0, 0), ignore_eos=True)
+                       arrival_gap=(0, 0), ignore_eos=True, graph_batch_sizes=(bs,))
     path = keep or os.path.join(tempfile.mkdtemp(), "plan.db")
     run_session(cfg, path, command="benchmarks/plan_stream.py", random_weights=rnd, overwrite=True)
     with TraceReader(path) as r:

@@ -197,13 +197,14 @@ def bench(args: argparse.Namespace) -> dict:
     writer = TraceWriter(path, run_info(args))
     # Steps are built in chunks outside the timed region, so the number measures the store, not this
     # script's Python step generator (which on a 2-core machine would also compete for the GIL).
-    wall = gen_s = 0.0
+    wall = gen_s = cpu = 0.0
     done = 0
+    load_before = os.getloadavg()
     while done < args.steps:
         t = time.perf_counter()
         chunk = [next(gen) for _ in range(min(args.chunk, args.steps - done))]
         gen_s += time.perf_counter() - t
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for s in chunk:
             writer.write_step(s)
         if done + len(chunk) < args.steps:
@@ -211,6 +212,7 @@ def bench(args: argparse.Namespace) -> dict:
         else:
             writer.close()  # wall time runs until close() returns: everything committed and checkpointed
         wall += time.perf_counter() - t
+        cpu += time.process_time() - c
         done += len(chunk)
         del chunk
     gen_rate = done / gen_s
@@ -241,6 +243,9 @@ def bench(args: argparse.Namespace) -> dict:
         "steps": n,
         "write_wall_s": round(wall, 3),
         "write_steps_per_s": round(n / wall, 1),
+        # CPU seconds of all threads per step while writing: what the store costs, whatever else runs.
+        "write_cpu_us_per_step": round(cpu / n * 1e6, 1),
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "generator_only_steps_per_s": round(gen_rate, 1),
         "file_bytes": size,
         "bytes_per_step": round(size / n, 1),
@@ -305,6 +310,9 @@ write throughput measures the store (`write_step` calls until `close()` returned
 | metric | result | target | |
 |---|---|---|---|
 {table}
+
+Writer CPU (all threads, per step): {res["write_cpu_us_per_step"]} us. Load average (1 min) before / after
+the write phase: {res["load_average_before_after"][0]} / {res["load_average_before_after"][1]}.
 
 Also measured: `num_steps()` {res["num_steps_ms"]} ms; first 50 step headers {res["first_50_headers_ms"]} ms;
 `summarize()` (what `specscope info` computes) {res["summarize_ms"]} ms; this script's step generator

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from specscope.backend.engine_config import EngineConfig
 from specscope.backend.session import run_session
 
@@ -36,7 +35,8 @@ def one(model: str, draft: str, bs: int, new_tokens: int, prompt: tuple[int, int
         random_weights: bool) -> list[float]:
     cfg = EngineConfig(model=model, draft=draft, device="cuda", dtype="bfloat16", batch_size=bs, num_requests=bs,
                        max_new_tokens=new_tokens, spec_steps=3, page_size=64, cuda_graph=True,
-                       plan_stream=False, seed=0, prompt_len=prompt, arrival_gap=(0, 0), ignore_eos=True)
+                       plan_stream=False, seed=0, prompt_len=prompt, arrival_gap=(0, 0), ignore_eos=True,
+                       graph_batch_sizes=(bs,))
     path = None
     if traced:
         path = os.path.join(tempfile.mkdtemp(), "t.db")

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 from flashinfer.decode import trtllm_batch_decode_with_kv_cache
-
 from specscope.backend.attention_layer import AttentionLayer
 from specscope.backend.flashinfer_kernels import FlashinferKernels
 from specscope.backend.forward_batch import ForwardBatch
@@ -116,13 +115,15 @@ def main() -> None:
     copy_bw = 2 * kv_bytes / t["copy"]
     rows = {k: dict(us=v * 1e6, kv_read_GBps=kv_bytes / v / 1e9) for k, v in t.items() if k != "copy"}
     out = dict(
-        benchmark="verify_bandwidth", gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
+        benchmark="verify_bandwidth", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+        cuda=torch.version.cuda,
         date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), command="python benchmarks/verify_bandwidth.py " +
         " ".join(os.sys.argv[1:]), shape=dict(bs=bs, T=T, q_heads=hq, kv_heads=hkv, head_dim=d, page_size=page,
                                                mean_ctx=sum(seq) / bs, dtype="bfloat16"),
         kv_bytes=kv_bytes, copy_us=t["copy"] * 1e6, copy_GBps_read_plus_write=copy_bw / 1e9, calls=rows,
         ours_vs_copy_bw=(kv_bytes / t["ours_graph"]) / copy_bw, bare_vs_copy_bw=(kv_bytes / t["bare_graph"]) / copy_bw,
-        ours_over_bare_eager=t["ours_eager"] / t["bare_eager"] - 1, ours_over_bare_graph=t["ours_graph"] / t["bare_graph"] - 1,
+        ours_over_bare_eager=t["ours_eager"] / t["bare_eager"] - 1,
+        ours_over_bare_graph=t["ours_graph"] / t["bare_graph"] - 1,
         targets=dict(bw_vs_copy=0.85, over_bare=0.01))
     import flashinfer
 

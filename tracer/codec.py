@@ -101,15 +101,27 @@ def _payload(arr: np.ndarray) -> bytes:
     return arr.tobytes()
 
 
-def encode_with_base(arr: np.ndarray, base: np.ndarray, base_digest: bytes) -> bytes:
-    """Encode `arr` compressed against `base` (whose blob has digest `base_digest`): codec 4 or 5."""
+class Base:
+    """An array other arrays are compressed against, primed once: its zlib dictionary is set up only once."""
+
+    def __init__(self, arr: np.ndarray, digest: bytes) -> None:
+        if len(digest) != DIGEST_BYTES:
+            raise ValueError("base digest must be 16 bytes")
+        self.digest = digest
+        self._compressor = zlib.compressobj(ZLIB_LEVEL, zdict=_payload(arr)[-ZDICT_BYTES:])
+
+    def compressor(self) -> zlib._Compress:
+        """A fresh compressor with this base as its dictionary (copying beats re-priming)."""
+        return self._compressor.copy()
+
+
+def encode_with_base(arr: np.ndarray, base: Base) -> bytes:
+    """Encode `arr` compressed against `base` (codec 4 or 5); decoding needs the base array."""
     arr = _contiguous(arr)
     _check_encodable(arr)
     codec = CODEC_DELTA_ZLIB_BASE if _codec_for(arr) == CODEC_DELTA_ZLIB else CODEC_ZLIB_BASE
-    if len(base_digest) != DIGEST_BYTES:
-        raise ValueError("base digest must be 16 bytes")
-    c = zlib.compressobj(ZLIB_LEVEL, zdict=_payload(base)[-ZDICT_BYTES:])
-    return _header(codec, arr) + base_digest + c.compress(_payload(arr)) + c.flush()
+    c = base.compressor()
+    return _header(codec, arr) + base.digest + c.compress(_payload(arr)) + c.flush()
 
 
 def base_digest(blob: bytes) -> bytes | None:

@@ -132,9 +132,12 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
 
+_encoder = json.JSONEncoder(separators=(",", ":"), default=_json_default)  # reused: built once, not per call
+
+
 def dumps(obj: Any) -> str:
     """Compact JSON (numpy scalars allowed)."""
-    return json.dumps(obj, separators=(",", ":"), default=_json_default)
+    return _encoder.encode(obj)
 
 
 class _Inline:
@@ -166,19 +169,20 @@ def encode_step(step: Step, blob_ref: Callable[[str, np.ndarray], str]) -> tuple
     inline = _Inline()
     reqs = step.requests
     n = len(reqs)
-    cols = dict(zip(REQUEST_FIELDS, zip(*map(_request_row, reqs), strict=True), strict=True)) if n else {}
+    cols = dict(zip(REQUEST_FIELDS, zip(*map(_request_row, reqs), strict=False), strict=True)) if n else {}
     # Int fields and the lengths of the tuple fields form one [fields, n] array; the tuples' values
     # are concatenated (field after field) into one flat array. Two arrays per step, not one per field.
     tuple_cols = [cols.get(f, ()) for f in REQUEST_TUPLE_FIELDS]
     table = [cols.get(f, ()) for f in REQUEST_INT_FIELDS] + [list(map(len, c)) for c in tuple_cols]
-    ints = np.array(table, dtype=np.int64).reshape(len(table), n)
+    flat_table = itertools.chain.from_iterable(table)
+    ints = np.fromiter(flat_table, np.int64, count=len(table) * n).reshape(len(table), n)
     flat = itertools.chain.from_iterable(itertools.chain.from_iterable(tuple_cols))
     vals = np.fromiter(flat, np.int64, count=int(ints[len(REQUEST_INT_FIELDS) :].sum()))
     arrays = []
     for a in step.arrays:
         v = np.asarray(a.values)
         ref = inline.add(v) if v.nbytes <= INLINE_MAX_BYTES else blob_ref(a.name, v)
-        arrays.append([a.name, a.dtype, [int(k) for k in a.shape], int(a.data_ptr), ref])
+        arrays.append([a.name, a.dtype, a.shape, a.data_ptr, ref])
     body = {
         "requests": {
             "count": n,

@@ -29,7 +29,7 @@ _SEEN_DIGESTS = 8192  # blobs the encoder knows are stored; page tables repeat a
 # A changed page table is compressed against the last stand-alone version of the same array (a "key"),
 # and every KEY_INTERVAL-th version is a new key. Bases are always keys, so a random read decodes at most
 # one base per array, and a damaged key spoils at most KEY_INTERVAL versions.
-KEY_INTERVAL = 32
+KEY_INTERVAL = 16
 _WAL_AUTOCHECKPOINT_PAGES = 16384  # 64 MiB: fewer checkpoints (each one fsyncs) on long runs
 _STOP = "stop"
 _FLUSH = "flush"
@@ -68,7 +68,7 @@ class TraceWriter:
         self._out: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=64)
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._last: dict[str, tuple[np.ndarray, bytes]] = {}  # array name -> last values and digest
-        self._keys: dict[str, tuple[np.ndarray, bytes, int]] = {}  # name -> key values, digest, uses
+        self._keys: dict[str, tuple[codec.Base, int]] = {}  # array name -> current key, versions based on it
         self._last_index: int | None = None
         # Daemon threads so a forgotten close() cannot hang interpreter exit; atexit flushes them.
         name = f"specscope-writer:{os.path.basename(self.path)}"
@@ -224,12 +224,12 @@ class TraceWriter:
                 self._seen.move_to_end(d)
                 return d.hex()
             key = self._keys.get(name)
-            if key is not None and key[2] < KEY_INTERVAL - 1:
-                new_blobs.append((d, codec.encode_with_base(values, key[0], key[1])))
-                self._keys[name] = (key[0], key[1], key[2] + 1)
+            if key is not None and key[1] < KEY_INTERVAL - 1:
+                new_blobs.append((d, codec.encode_with_base(values, key[0])))
+                self._keys[name] = (key[0], key[1] + 1)
             else:
                 new_blobs.append((d, codec.encode(values)))
-                self._keys[name] = (values, d, 0)
+                self._keys[name] = (codec.Base(values, d), 0)
             self._seen[d] = None
             if len(self._seen) > _SEEN_DIGESTS:
                 self._seen.popitem(last=False)

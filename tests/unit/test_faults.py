@@ -66,7 +66,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_run_inject_then_check(tmp_path, fault: str, extra: list[str]) -> None:
     """The issue's acceptance: `run --inject` then `check --json` exits 1 with the id; without it, 0."""
     expected = next(f.expected_check for f in FAULTS if f.name == fault)
-    base = ["run", "--device", "cpu", "--requests", "4", "--batch-size", "3", "--max-new-tokens", "12", "--quiet", *extra]
+    base = ["run", "--device", "cpu", "--requests", "4", "--batch-size", "3", "--max-new-tokens", "12", "--quiet",
+            *extra]
     bad, good = str(tmp_path / "bad.db"), str(tmp_path / "good.db")
     assert _cli(*base, "--inject", fault, "-o", bad).returncode == 0
     res = _cli("check", bad, "--json")

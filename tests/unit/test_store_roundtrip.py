@@ -116,13 +116,19 @@ def test_identical_arrays_stored_once(tmp_path: os.PathLike[str]) -> None:
 
 def test_base_chains_decode_in_any_order(tmp_path: os.PathLike[str]) -> None:
     path = os.path.join(tmp_path, "t.db")
-    n = 40  # 20 versions of the big table: several chains of up to MAX_BASE_CHAIN
+    n = 80  # 40 versions of the big table: several keys, each with up to KEY_INTERVAL - 1 dependents
     with TraceWriter(path, make_run()) as w:
         for i in range(n):
             w.write_step(make_step(i))
     with sqlite3.connect(path) as c:
         codecs = [row[0][3] for row in c.execute("SELECT data FROM blobs")]
     assert codecs.count(codec.CODEC_DELTA_ZLIB_BASE) > codecs.count(codec.CODEC_DELTA_ZLIB) > 0
+    with sqlite3.connect(path) as c:  # bases are always stand-alone blobs: one level, never a chain
+        for (data,) in c.execute("SELECT data FROM blobs"):
+            b = codec.base_digest(data)
+            if b is not None:
+                (base,) = c.execute("SELECT data FROM blobs WHERE digest = ?", (b,)).fetchone()
+                assert codec.base_digest(base) is None
     for i in [37, 0, 22, 15, 39, 8]:  # a fresh reader each time: nothing cached
         with TraceReader(path) as r:
             assert r.step(i) == make_step(i)
@@ -270,7 +276,7 @@ def test_codec_base_round_trip() -> None:
     new = base.copy()
     new[5, 60:] = 99_999
     d = codec.digest(base)
-    blob = codec.encode_with_base(new, base, d)
+    blob = codec.encode_with_base(new, codec.Base(base, d))
     assert codec.base_digest(blob) == d and codec.base_digest(codec.encode(new)) is None
     assert len(blob) < len(codec.encode(new)) // 10
     assert np.array_equal(codec.decode(blob, base), new)
@@ -279,7 +285,7 @@ def test_codec_base_round_trip() -> None:
     with pytest.raises(TraceError):
         codec.decode(blob, base + 1)  # the wrong base: zlib's dictionary check fails
     f = np.linspace(0, 1, 2000, dtype=np.float32)
-    assert np.array_equal(codec.decode(codec.encode_with_base(f * 2, f, codec.digest(f)), f), f * 2)
+    assert np.array_equal(codec.decode(codec.encode_with_base(f * 2, codec.Base(f, codec.digest(f))), f), f * 2)
 
 
 def test_codec_rejects_bad_zlib_payload() -> None:
