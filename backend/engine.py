@@ -258,25 +258,31 @@ class Engine:
         rec_e, _ = self.draft.begin(fb_e, self.iteration, self.K)
         plan_scalars = dict(plan_stream=int(plan_on), plan_waited_producers=int(plan_on and not stale_plan))
 
-        def plan_block() -> tuple[Any, Any]:
+        prepared: dict[str, Any] = {}
+        where = "plan" if plan_on else "compute"
+
+        def plan(which: str) -> None:
             # Verify and draft-extend metadata depend on seq_lens, req_to_token and T, not on draft outputs.
-            with streams.on_plan() as stream, nvtx("plan: verify + draft-extend metadata", self.nvtx):
-                with self._span(rec_v, "plan" if plan_on else "compute", "metadata", stream):
-                    pv = self.target.prepare(fb_v, graph_v)
-                with self._span(rec_e, "plan" if plan_on else "compute", "metadata", stream):
-                    pe = self.draft.prepare(fb_e, None)
-            return pv, pe
+            if which in prepared:
+                return
+            rec, runner, fb, graph = ((rec_v, self.target, fb_v, graph_v) if which == "verify"
+                                      else (rec_e, self.draft, fb_e, None))
+            with streams.on_plan() as stream, nvtx(f"plan: {which} metadata", self.nvtx):
+                with self._span(rec, where, "metadata", stream):
+                    prepared[which] = runner.prepare(fb, graph)
 
         if stale_plan and dev.type == "cpu":
             # CPU rendering of the race: the plan stream ran before the producer's seq_lens write landed.
-            prepared = plan_block()
+            plan("verify")
+            plan("extend")
             self.seq_lens_buf[:bs].copy_(torch.tensor(s, dtype=torch.int32))
         else:
             if stale_plan:
-                torch.cuda._sleep(2_000_000)  # make the missing edge bite: delay the producer on the GPU
+                torch.cuda._sleep(10_000_000)  # make the missing edge bite: delay the producer on the GPU
             self.seq_lens_buf[:bs].copy_(torch.tensor(s, dtype=torch.int32).to(dev, non_blocking=True))
             producers = streams.record_event(streams.compute)
-            prepared = None
+            if plan_on and not stale_plan:
+                streams.plan_wait(producers)
 
         # Draft decode: N steps, chain (topk=1), each through its own backend / graph.
         drafts: list[torch.Tensor] = []
@@ -287,20 +293,21 @@ class Engine:
                              seq_lens=self.seq_lens_buf[:bs], seq_lens_cpu=s, q_lens=[1] * bs, step_id=i)
             with nvtx(f"draft step {i}", self.nvtx):
                 logits = self._forward(self.draft, fb, lambda: request_states(reqs, s, s, [1] * bs))
+            if plan_on:
+                # Enqueue plan work while a draft step is in flight, so it runs under it: verify after the
+                # first step, draft extend after the second (or the first, with a single step).
+                plan("verify" if i == 0 else "extend")
+                if i == self.num_draft_steps - 1:
+                    plan("extend")
             tok, probs = self._sample(logits)
             drafts.append(tok)
             if probs is not None:
                 draft_probs.append(probs)
-            if i == 0 and plan_on and prepared is None:
-                # Enqueue the plan work once the first draft step is in flight, so it runs under it.
-                if not stale_plan:
-                    streams.plan_wait(producers)
-                prepared = plan_block()
 
         # Target verify.
-        if prepared is None:
-            prepared = plan_block()
-        pv, pe = prepared
+        plan("verify")
+        plan("extend")
+        pv, pe = prepared["verify"], prepared["extend"]
         streams.compute_wait_plan()
         hook_ok = 1
         if plan_on:

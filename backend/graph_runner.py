@@ -84,6 +84,10 @@ class GraphRunner:
 
     def capture_one(self, bs: int) -> ForwardBatch:
         """Capture batch size `bs` with the fill values a capture uses (seq_len fill, slot 0, KV slot 0)."""
+        return self.capture_forward(self.prepare_capture(bs))
+
+    def prepare_capture(self, bs: int) -> ForwardBatch:
+        """Fill the static inputs for a capture of `bs` and build + apply its metadata."""
         fill = self.backend.get_cuda_graph_seq_len_fill_value()
         self.seq_lens[:bs].fill_(fill)
         self.seq_lens_cpu[:bs].fill_(fill)
@@ -93,6 +97,11 @@ class GraphRunner:
         self.positions.zero_()
         fb = self._static_batch(bs)
         self.backend.init_forward_metadata_capture_cuda_graph(bs, bs * self.tokens_per_req, fb)
+        return fb
+
+    def capture_forward(self, fb: ForwardBatch) -> ForwardBatch:
+        """Run (CPU) or capture (GPU) the forward over the prepared static batch."""
+        bs = fb.batch_size
         if not self.use_cuda_graph:
             self.forward(fb.input_ids, fb.positions, fb)
             self.captured[bs] = _Captured(None, None, None)

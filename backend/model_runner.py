@@ -7,13 +7,15 @@ inputs, the snapshot of what the kernels will consume, the forward or graph repl
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..tracer.recorder import NullRecorder, Recorder, StepRecord
-from ..tracer.schema import ForwardMode, GraphPhase, RequestState
+from ..tracer.schema import ForwardMode, GraphPhase, RequestState, Severity, Violation
 from .forward_batch import ForwardBatch
 from .graph_runner import GraphRunner
 from .memory import KVPool, ReqToTokenPool
@@ -93,10 +95,26 @@ class ModelRunner:
                     iteration=-1, mode=mode, model=self.name, step_id=step_id, batch_size=bs,
                     padded_batch_size=bs, graph=GraphPhase.CAPTURE, tokens_per_request=tpr,
                     num_draft_tokens=backend.speculative_num_draft_tokens, page_size=self.page_size)
-                fb = runner.capture_one(bs)
+                fb = runner.prepare_capture(bs)
+                with self._record_failure(rec, backend, fb):
+                    runner.capture_forward(fb)
                 if rec is not None:
                     self.record_snapshot(rec, backend, fb, None)
                     self.recorder.end_step(rec)
+
+    @contextlib.contextmanager
+    def _record_failure(self, rec: StepRecord | None, backend: TRTLLMHABackend, fb: ForwardBatch) -> Iterator[None]:
+        """If the forward raises (a kernel rejecting its arguments), still record the step, with the metadata
+        it was given and the error as violation K1, so the trace shows what the kernel was handed."""
+        try:
+            yield
+        except Exception as e:
+            if rec is not None:
+                self.record_snapshot(rec, backend, fb, None)
+                rec.violations.append(Violation("K1", Severity.ERROR, -1, "step {step}: the kernel call failed: "
+                                                f"{type(e).__name__}: {e}"))
+                self.recorder.end_step(rec)
+            raise
 
     # ---- one forward ---------------------------------------------------------------------------------
     def begin(self, live: ForwardBatch, iteration: int, num_draft_tokens: int) -> tuple[StepRecord | None, Any]:
@@ -126,12 +144,15 @@ class ModelRunner:
         only the rows in `logits_indices`, when given; an 8B vocab over a whole prefill would not fit)."""
         if prep.runner is not None:
             prep.runner.copy_draft_dependent_inputs(prep.live, prep.fb.batch_size)
-            logits, packed = prep.runner.replay(prep.fb, prep.live.num_tokens)
+            with self._record_failure(rec, prep.backend, prep.fb):
+                logits, packed = prep.runner.replay(prep.fb, prep.live.num_tokens)
             if rec is not None:
                 self.record_snapshot(rec, prep.backend, prep.fb, packed)
                 self.record_attention(rec, prep, replayed=self.device.type == "cuda")
             return logits
-        logits = self.model.forward(prep.fb.input_ids, prep.fb.positions, prep.fb, logits_indices=logits_indices)
+        with self._record_failure(rec, prep.backend, prep.fb):
+            logits = self.model.forward(prep.fb.input_ids, prep.fb.positions, prep.fb,
+                                        logits_indices=logits_indices)
         if rec is not None:
             self.record_snapshot(rec, prep.backend, prep.fb, None)
             self.record_attention(rec, prep, replayed=False)

@@ -29,9 +29,14 @@ def run(device: str, faults: frozenset[str], settings: dict, tmp: Path, name: st
                max_new_tokens=16, spec_steps=3, prompt_len=(16, 80), record_attention=7)
     cfg.update(settings)
     path = tmp / f"{name}.db"
-    res = run_session(EngineConfig(**cfg, faults=faults), str(path), command=f"detection_table {name}")
+    try:
+        device_name = run_session(EngineConfig(**cfg, faults=faults), str(path),
+                                  command=f"detection_table {name}").device_name
+    except Exception as e:  # noqa: BLE001 - a fault may crash the run (as upstream); its trace is still there
+        print(f"  {name}: the run failed: {type(e).__name__}: {e}", flush=True)
+        device_name = device
     with TraceReader(str(path)) as r:
-        return list(check_steps(r.steps())), r.num_steps(), res.device_name
+        return list(check_steps(r.steps())), r.num_steps(), device_name
 
 
 def main() -> None:

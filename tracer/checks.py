@@ -61,6 +61,8 @@ CATALOGUE: tuple[Invariant, ...] = (
     Invariant("I22", E, "the compute stream waited on the plan stream before verify / draft extend", "§5.1"),
     Invariant("I28", E, "the backend implements update_verify_buffers_to_fill_after_draft (plan stream on)",
               "PR #25925 (G9)"),
+    Invariant("K1", E, "the kernel accepted its arguments (argument checks before launch, kernel errors)",
+              "G11, §8 preconditions"),
     Invariant("D1", E, "sampled attention: kernel output == float64 attention over the metadata it consumed",
               "differential (--record-attention)"),
     Invariant("D2", E, "sampled attention: output == attention over the request's own KV (req_to_token, positions)",

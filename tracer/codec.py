@@ -115,13 +115,42 @@ class Base:
         return self._compressor.copy()
 
 
-def encode_with_base(arr: np.ndarray, base: Base) -> bytes:
-    """Encode `arr` compressed against `base` (codec 4 or 5); decoding needs the base array."""
+class Pending:
+    """A blob whose numpy work is done and whose compression is not: `finish()` compresses.
+
+    The split lets a writer do the GIL-holding part on one thread and zlib (which releases the GIL)
+    on another.
+    """
+
+    __slots__ = ("prefix", "payload", "base")
+
+    def __init__(self, prefix: bytes, payload: bytes, base: Base | None) -> None:
+        self.prefix = prefix
+        self.payload = payload
+        self.base = base
+
+    def finish(self) -> bytes:
+        """The compressed blob."""
+        if self.base is None:
+            return self.prefix + zlib.compress(self.payload, ZLIB_LEVEL)
+        c = self.base.compressor()
+        return self.prefix + c.compress(self.payload) + c.flush()
+
+
+def prepare(arr: np.ndarray, base: Base | None = None) -> Pending:
+    """Everything of `encode(arr)` but compression; with `base`, compressed against it (codec 4 or 5)."""
     arr = _contiguous(arr)
     _check_encodable(arr)
-    codec = CODEC_DELTA_ZLIB_BASE if _codec_for(arr) == CODEC_DELTA_ZLIB else CODEC_ZLIB_BASE
-    c = base.compressor()
-    return _header(codec, arr) + base.digest + c.compress(_payload(arr)) + c.flush()
+    codec = _codec_for(arr)
+    if base is None:
+        return Pending(_header(codec, arr), _payload(arr), None)
+    codec = CODEC_DELTA_ZLIB_BASE if codec == CODEC_DELTA_ZLIB else CODEC_ZLIB_BASE
+    return Pending(_header(codec, arr) + base.digest, _payload(arr), base)
+
+
+def encode_with_base(arr: np.ndarray, base: Base) -> bytes:
+    """Encode `arr` compressed against `base` (codec 4 or 5); decoding needs the base array."""
+    return prepare(arr, base).finish()
 
 
 def base_digest(blob: bytes) -> bytes | None:

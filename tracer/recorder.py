@@ -114,6 +114,7 @@ class Recorder:
         self._next_index = 0
         self._pending: deque[StepRecord] = deque()
         self._ring = PinnedRing(ring_int64) if self.is_cuda else None
+        self._free_events: list[Any] = []
         self._epoch = None
         if self.is_cuda:
             # One synchronized epoch event puts every stream's event times on the host clock's axis.
@@ -161,8 +162,7 @@ class Recorder:
     def span(self, rec: StepRecord, stream: str, name: str, cuda_stream: Any = None) -> Iterator[None]:
         """Time a region: with CUDA events on `cuda_stream` on a GPU, else with the host clock."""
         if self.is_cuda and cuda_stream is not None:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+            start, end = self._event(), self._event()
             start.record(cuda_stream)
             yield
             end.record(cuda_stream)
@@ -180,7 +180,7 @@ class Recorder:
         rec.violations = [dataclasses.replace(v, step=rec.index, message=v.message.replace("{step}", str(rec.index)))
                           for v in rec.violations]
         if self.is_cuda:
-            ev = torch.cuda.Event()
+            ev = self._event()
             ev.record(torch.cuda.current_stream(self.device))
             rec.done_event = ev
         self._pending.append(rec)
@@ -196,6 +196,10 @@ class Recorder:
                 return
             self._pending.popleft()
             self.writer.write_step(self._resolve(rec))
+
+    def _event(self) -> Any:
+        # Events are reused once their step is written: creating one costs more than recording it.
+        return self._free_events.pop() if self._free_events else torch.cuda.Event(enable_timing=True)
 
     def _drain_oldest(self) -> None:
         rec = self._pending[0]
@@ -230,6 +234,10 @@ class Recorder:
         for p in rec.packs:
             if p.slot is not None:
                 self._ring.release(p.slot)
+        if self.is_cuda:
+            self._free_events.extend(e for sp in rec.spans for e in (sp.start, sp.end))
+            if rec.done_event is not None:
+                self._free_events.append(rec.done_event)
         return Step(
             index=rec.index, iteration=rec.iteration, mode=rec.mode, model=rec.model, step_id=rec.step_id,
             batch_size=rec.batch_size, padded_batch_size=rec.padded_batch_size, graph=rec.graph,

@@ -162,7 +162,7 @@ def _narrow(a: np.ndarray) -> np.ndarray:
 
 
 def encode_step(step: Step, blob_ref: Callable[[str, np.ndarray], str]) -> tuple[tuple[Any, ...], bytes]:
-    """The `steps` row and `step_bodies` body of a step.
+    """The `steps` row of a step and its body container, not yet compressed (see `compress_body`).
 
     `blob_ref(name, values)` files an array too large to inline and returns its digest (hex).
     """
@@ -214,7 +214,12 @@ def encode_step(step: Step, blob_ref: Callable[[str, np.ndarray], str]) -> tuple
         dumps({str(k): int(v) for k, v in step.scalars.items()}),
         int(ints[REQUEST_INT_FIELDS.index("num_q_tokens")].sum()), drafted, hist,
     )  # fmt: skip
-    return row, zlib.compress(container, BODY_ZLIB_LEVEL)
+    return row, container
+
+
+def compress_body(container: bytes) -> bytes:
+    """The `step_bodies.body` of a container made by `encode_step`."""
+    return zlib.compress(container, BODY_ZLIB_LEVEL)
 
 
 class Body:
@@ -279,6 +284,9 @@ class Body:
             if len(col) != n:
                 raise ValueError(f"request column {f} has the wrong length")
             cols[f] = col
+        if all(f in cols for f in REQUEST_FIELDS):
+            # The usual case: every field present, so rows go in positionally (~5x faster than kwargs).
+            return [RequestState(*row) for row in zip(*(cols[f] for f in REQUEST_FIELDS), strict=True)]
         known = [f for f in REQUEST_FIELDS if f in cols]
         return [RequestState(**{f: cols[f][j] for f in known}) for j in range(n)]
 

@@ -1,9 +1,9 @@
 """TraceWriter: appends steps to a trace file from background threads, one transaction per step.
 
-Two threads form a pipeline so compression and SQLite commits overlap (both release the GIL): the
-encoder turns Steps into rows, bodies and new blobs; the committer owns the connection and commits
-each step in its own transaction. Both queues are bounded, so a slow disk blocks `write_step`
-(backpressure) instead of dropping steps or growing memory.
+Two threads form a pipeline: the encoder turns Steps into rows, body containers and prepared blobs
+(Python and numpy work, holding the GIL); the committer compresses them and commits each step in its
+own transaction (zlib and SQLite release the GIL, so the two threads overlap). Both queues are
+bounded, so a slow disk blocks `write_step` (backpressure) instead of dropping steps or growing memory.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ class TraceWriter:
                 raise TraceError(f"step index {step.index} was written twice")
             raise TraceError(f"step index {step.index} was written after step {self._last_index} (indexes must grow)")
         self._last_index = int(step.index)
-        new_blobs: list[tuple[bytes, bytes]] = []
+        new_blobs: list[tuple[bytes, codec.Pending]] = []
 
         def blob_ref(name: str, values: np.ndarray) -> str:
             prev = self._last.get(name)
@@ -225,10 +225,10 @@ class TraceWriter:
                 return d.hex()
             key = self._keys.get(name)
             if key is not None and key[1] < KEY_INTERVAL - 1:
-                new_blobs.append((d, codec.encode_with_base(values, key[0])))
+                new_blobs.append((d, codec.prepare(values, key[0])))
                 self._keys[name] = (key[0], key[1] + 1)
             else:
-                new_blobs.append((d, codec.encode(values)))
+                new_blobs.append((d, codec.prepare(values)))
                 self._keys[name] = (codec.Base(values, d), 0)
             self._seen[d] = None
             if len(self._seen) > _SEEN_DIGESTS:
@@ -299,15 +299,19 @@ class TraceWriter:
     def _commit_step(
         self,
         row: tuple[Any, ...],
-        body: bytes,
-        new_blobs: list[tuple[bytes, bytes]],
+        container: bytes,
+        new_blobs: list[tuple[bytes, codec.Pending]],
         vrows: list[tuple[Any, ...]],
     ) -> None:
+        # Compression happens here, not on the encoder: zlib releases the GIL, so it overlaps with the
+        # encoder's Python work on the next step.
+        body = tables.compress_body(container)
+        blobs = [(d, p.finish()) for d, p in new_blobs]
         conn = self._conn
         conn.execute("BEGIN")
         try:
-            if new_blobs:
-                conn.executemany("INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)", new_blobs)
+            if blobs:
+                conn.executemany("INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)", blobs)
             conn.execute(tables.INSERT_STEP, row)
             conn.execute("INSERT INTO step_bodies (idx, body) VALUES (?, ?)", (row[0], body))
             if vrows:
