@@ -235,7 +235,8 @@ class Recorder:
             if p.slot is not None:
                 self._ring.release(p.slot)
         if self.is_cuda:
-            self._free_events.extend(e for sp in rec.spans for e in (sp.start, sp.end))
+            self._free_events.extend(e for sp in rec.spans for e in (sp.start, sp.end)
+                                     if isinstance(e, torch.cuda.Event))
             if rec.done_event is not None:
                 self._free_events.append(rec.done_event)
         return Step(
