@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..tracer.recorder import NullRecorder, Recorder, StepRecord
-from ..tracer.schema import ForwardMode, GraphPhase, RequestState, Severity, Violation
+from ..tracer.schema import ForwardMode, GraphPhase, Severity, Violation
 from .forward_batch import ForwardBatch
 from .graph_runner import GraphRunner
 from .memory import KVPool, ReqToTokenPool
@@ -228,16 +228,17 @@ class ModelRunner:
 def request_states(
     reqs: list[Any], seq_before: list[int], seq_after: list[int], q_lens: list[int],
     drafts: list[list[int]] | None = None, accepted: list[list[int]] | None = None,
-) -> list[RequestState]:
-    """RequestState rows for a step's live batch."""
-    out = []
-    for i, r in enumerate(reqs):
-        acc = accepted[i] if accepted else []
-        out.append(RequestState(
-            request_id=r.request_id, slot=r.slot, seq_len_before=seq_before[i], seq_len_after=seq_after[i],
-            num_q_tokens=q_lens[i], draft_tokens=tuple(drafts[i]) if drafts else (),
-            accepted_tokens=tuple(acc), accept_length=len(acc)))
-    return out
+) -> dict[str, list[Any]]:
+    """Per-request state of a step's live rows, as columns (RequestState fields; built in the writer process)."""
+    cols: dict[str, list[Any]] = {
+        "request_id": [r.request_id for r in reqs], "slot": [r.slot for r in reqs], "seq_len_before": seq_before,
+        "seq_len_after": seq_after, "num_q_tokens": q_lens,
+        "accept_length": [len(a) for a in accepted] if accepted else [0] * len(reqs)}
+    if drafts:
+        cols["draft_tokens"] = drafts
+    if accepted:
+        cols["accepted_tokens"] = accepted
+    return cols
 
 
 def _tokens_per_request(fb: ForwardBatch) -> int:

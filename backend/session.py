@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from ..tracer.process_writer import ProcessTraceWriter
 from ..tracer.recorder import NullRecorder, Recorder
 from ..tracer.schema import RunInfo
-from ..tracer.store import TraceWriter
 from .engine import Engine, RunStats
 from .engine_config import ConfigError, EngineConfig
 from .loader import load_model, tokenizer_kind
@@ -125,7 +125,7 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
                        draft_model=str(cfg.draft) if cfg.spec_steps else None, device=device_name,
                        device_capability=cap, attention_kernel=kernels.name, versions=_versions(),
                        git_commit=_git_commit(), start_ns=time.time_ns(), hostname=socket.gethostname())
-        writer = TraceWriter(trace_path, info, overwrite=overwrite)
+        writer = ProcessTraceWriter(trace_path, info, overwrite=overwrite)
         recorder = Recorder(writer, dev)
     try:
         engine = Engine(cfg, target, draft, kernels, recorder)

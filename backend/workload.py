@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import random
 import sysconfig
 import zlib
@@ -13,16 +15,15 @@ from .request import Request
 _SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "ensurepip", "turtledemo", "__pycache__"}
 
 
+@functools.lru_cache(maxsize=1)
 def held_out_text() -> bytes:
     """The held-out stdlib files, concatenated (a few hundred KB)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    parts = []
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root)
-        if _SKIP_DIRS.intersection(rel.parts[:-1]) or zlib.crc32(rel.as_posix().encode()) % 50:
-            continue
-        parts.append(p.read_bytes())
-    return b"\n".join(parts)
+    rels = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x not in _SKIP_DIRS]  # prune site-packages before walking into it
+        rels += [(Path(d) / f).relative_to(root).as_posix() for f in files if f.endswith(".py")]
+    return b"\n".join((root / r).read_bytes() for r in sorted(rels) if zlib.crc32(r.encode()) % 50 == 0)
 
 
 def make_requests(

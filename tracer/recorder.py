@@ -17,14 +17,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
-from .schema import ArraySnapshot, ForwardMode, GraphPhase, RequestRecord, RequestState, Step, StreamSpan, Violation
-from .store import TraceWriter
+from .process_writer import ProcessTraceWriter
+from .schema import ForwardMode, GraphPhase, RequestRecord, Violation
 
 _NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8",
-              torch.bool: "bool"}
+              torch.bool: "bool", torch.float32: "float32"}
 
 
 @dataclass
@@ -61,7 +60,7 @@ class StepRecord:
     start_ns: int
     end_ns: int = 0
     scalars: dict[str, int] = field(default_factory=dict)
-    requests: list[RequestState] = field(default_factory=list)
+    requests: dict[str, list[Any]] = field(default_factory=dict)  # columns, see process_writer
     packs: list[_PendingPack] = field(default_factory=list)
     floats: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # sampled attention inputs/outputs
     spans: list[_PendingSpan] = field(default_factory=list)
@@ -107,7 +106,7 @@ class Recorder:
 
     enabled = True
 
-    def __init__(self, writer: TraceWriter, device: torch.device, ring_int64: int = 8 << 20) -> None:
+    def __init__(self, writer: ProcessTraceWriter, device: torch.device, ring_int64: int = 8 << 20) -> None:
         self.writer = writer
         self.device = device
         self.is_cuda = device.type == "cuda"
@@ -195,7 +194,7 @@ class Recorder:
             if any(isinstance(s.end, torch.cuda.Event) and not s.end.query() for s in rec.spans):
                 return
             self._pending.popleft()
-            self.writer.write_step(self._resolve(rec))
+            self.writer.write_raw_step(self._resolve(rec))
 
     def _event(self) -> Any:
         # Events are reused once their step is written: creating one costs more than recording it.
@@ -218,19 +217,22 @@ class Recorder:
         self.poll()
         self.writer.close()
 
-    def _resolve(self, rec: StepRecord) -> Step:
+    def _resolve(self, rec: StepRecord) -> dict[str, Any]:
+        """The step in the compact form the writer process turns into a schema Step (`step_from_raw`).
+
+        Kept cheap on purpose: this runs on the engine's thread; unpacking and encoding happen in the writer."""
         spans = []
         for s in rec.spans:
             if isinstance(s.start, torch.cuda.Event):
                 start = self._epoch_ns + int(self._epoch.elapsed_time(s.start) * 1e6)
                 end = self._epoch_ns + int(self._epoch.elapsed_time(s.end) * 1e6)
-                spans.append(StreamSpan(s.stream, s.name, start, end))
+                spans.append((s.stream, s.name, start, end))
             else:
-                spans.append(StreamSpan(s.stream, s.name, int(s.start), int(s.end)))
-        arrays = tuple(a for p in rec.packs for a in _unpack(p)) + tuple(
-            ArraySnapshot(name, "float32" if t.is_floating_point() else _NP_DTYPES[t.dtype], tuple(t.shape), 0,
-                          t.float().numpy() if t.is_floating_point() else t.numpy())
-            for name, t in rec.floats)
+                spans.append((s.stream, s.name, int(s.start), int(s.end)))
+        packs = [(p.host.numpy().copy(), [(n, _NP_DTYPES[d], sh, ptr) for n, d, sh, ptr in p.layout], p.crop_cols)
+                 for p in rec.packs]
+        floats = [(name, "float32" if t.is_floating_point() else _NP_DTYPES[t.dtype], tuple(t.shape), 0,
+                   t.float().numpy() if t.is_floating_point() else t.numpy()) for name, t in rec.floats]
         for p in rec.packs:
             if p.slot is not None:
                 self._ring.release(p.slot)
@@ -239,26 +241,13 @@ class Recorder:
                                      if isinstance(e, torch.cuda.Event))
             if rec.done_event is not None:
                 self._free_events.append(rec.done_event)
-        return Step(
-            index=rec.index, iteration=rec.iteration, mode=rec.mode, model=rec.model, step_id=rec.step_id,
-            batch_size=rec.batch_size, padded_batch_size=rec.padded_batch_size, graph=rec.graph,
-            tokens_per_request=rec.tokens_per_request, num_draft_tokens=rec.num_draft_tokens,
-            page_size=rec.page_size, start_ns=rec.start_ns, end_ns=rec.end_ns, scalars=dict(rec.scalars),
-            requests=tuple(rec.requests), arrays=arrays, spans=tuple(spans), violations=tuple(rec.violations))
-
-
-def _unpack(p: _PendingPack) -> list[ArraySnapshot]:
-    flat = p.host.numpy()
-    out, off = [], 0
-    for name, dtype, shape, ptr in p.layout:
-        n = int(np.prod(shape)) if shape else 1
-        v = flat[off:off + n].astype(_NP_DTYPES[dtype]).reshape(shape)
-        off += n
-        cols = p.crop_cols.get(name)
-        if cols is not None and v.ndim == 2:
-            v = v[:, :cols]
-        out.append(ArraySnapshot(name, _NP_DTYPES[dtype], shape, ptr, np.ascontiguousarray(v)))
-    return out
+        header = dict(index=rec.index, iteration=rec.iteration, mode=rec.mode.value, model=rec.model,
+                      step_id=rec.step_id, batch_size=rec.batch_size, padded_batch_size=rec.padded_batch_size,
+                      graph=rec.graph.value, tokens_per_request=rec.tokens_per_request,
+                      num_draft_tokens=rec.num_draft_tokens, page_size=rec.page_size, start_ns=rec.start_ns,
+                      end_ns=rec.end_ns, scalars=rec.scalars)
+        return dict(header=header, requests=rec.requests, arrays=floats, packs=packs, spans=spans,
+                    violations=[v.to_dict() for v in rec.violations])
 
 
 class PinnedRing:

@@ -12,7 +12,7 @@ import json
 import operator
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -154,11 +154,19 @@ class _Inline:
         return [self.size - len(b), len(b)]
 
 
-def _narrow(a: np.ndarray) -> np.ndarray:
-    # Token ids and lengths fit in int32; half the bytes means half the zlib time.
-    if a.size == 0 or (int(a.min()) >= -(2**31) and int(a.max()) < 2**31):
-        return a.astype(np.int32)
-    return a
+def _int_array(values: Iterable[int], count: int) -> np.ndarray:
+    # int32 when every value fits (token ids, lengths, slots always do): half the bytes to compress.
+    # NumPy refuses out-of-range Python ints, so a failed int32 pass falls back to int64 exactly.
+    values = list(values)
+    try:
+        return np.fromiter(values, np.int32, count=count)
+    except OverflowError:
+        return np.fromiter(values, np.int64, count=count)
+
+
+_I_ACCEPT = REQUEST_INT_FIELDS.index("accept_length")
+_I_QTOKENS = REQUEST_INT_FIELDS.index("num_q_tokens")
+_T_DRAFTS = REQUEST_TUPLE_FIELDS.index("draft_tokens")
 
 
 def encode_step(step: Step, blob_ref: Callable[[str, np.ndarray], str]) -> tuple[tuple[Any, ...], bytes]:
@@ -173,11 +181,11 @@ def encode_step(step: Step, blob_ref: Callable[[str, np.ndarray], str]) -> tuple
     # Int fields and the lengths of the tuple fields form one [fields, n] array; the tuples' values
     # are concatenated (field after field) into one flat array. Two arrays per step, not one per field.
     tuple_cols = [cols.get(f, ()) for f in REQUEST_TUPLE_FIELDS]
-    table = [cols.get(f, ()) for f in REQUEST_INT_FIELDS] + [list(map(len, c)) for c in tuple_cols]
-    flat_table = itertools.chain.from_iterable(table)
-    ints = np.fromiter(flat_table, np.int64, count=len(table) * n).reshape(len(table), n)
+    lens = [list(map(len, c)) for c in tuple_cols]
+    table = [cols.get(f, ()) for f in REQUEST_INT_FIELDS] + lens
+    ints = _int_array(itertools.chain.from_iterable(table), len(table) * n).reshape(len(table), n)
     flat = itertools.chain.from_iterable(itertools.chain.from_iterable(tuple_cols))
-    vals = np.fromiter(flat, np.int64, count=int(ints[len(REQUEST_INT_FIELDS) :].sum()))
+    vals = _int_array(flat, sum(map(sum, lens)))
     arrays = []
     for a in step.arrays:
         v = np.asarray(a.values)
@@ -188,8 +196,8 @@ def encode_step(step: Step, blob_ref: Callable[[str, np.ndarray], str]) -> tuple
             "count": n,
             "int_fields": REQUEST_INT_FIELDS,
             "tuple_fields": REQUEST_TUPLE_FIELDS,
-            "ints": inline.add(_narrow(ints)),
-            "tuple_values": inline.add(_narrow(vals)),
+            "ints": inline.add(ints),
+            "tuple_values": inline.add(vals),
             "json": {f: list(cols.get(f, ())) for f in REQUEST_JSON_FIELDS},
         },
         "array_fields": ARRAY_FIELDS,
@@ -202,17 +210,21 @@ def encode_step(step: Step, blob_ref: Callable[[str, np.ndarray], str]) -> tuple
     container = b"".join([BODY_MAGIC, struct.pack("<BI", BODY_VERSION, len(js)), js, *inline.parts])
     hist = None
     drafted = 0
-    if step.mode == ForwardMode.TARGET_VERIFY:
-        acc = ints[REQUEST_INT_FIELDS.index("accept_length")]
-        hist = dumps(np.bincount(np.maximum(acc, 0)).tolist())
-        drafted = int(ints[len(REQUEST_INT_FIELDS) + REQUEST_TUPLE_FIELDS.index("draft_tokens")].sum())
+    if step.mode == ForwardMode.TARGET_VERIFY and n:
+        counts = [0] * (max(max(table[_I_ACCEPT]), 0) + 1)
+        for length in table[_I_ACCEPT]:
+            counts[max(length, 0)] += 1
+        hist = dumps(counts)
+        drafted = sum(lens[_T_DRAFTS])
+    elif step.mode == ForwardMode.TARGET_VERIFY:
+        hist = "[]"
     row = (
         int(step.index), int(step.iteration), ForwardMode(step.mode).value, str(step.model),
         None if step.step_id is None else int(step.step_id), int(step.batch_size),
         int(step.padded_batch_size), GraphPhase(step.graph).value, int(step.tokens_per_request),
         int(step.num_draft_tokens), int(step.page_size), int(step.start_ns), int(step.end_ns),
         dumps({str(k): int(v) for k, v in step.scalars.items()}),
-        int(ints[REQUEST_INT_FIELDS.index("num_q_tokens")].sum()), drafted, hist,
+        sum(table[_I_QTOKENS]) if n else 0, drafted, hist,
     )  # fmt: skip
     return row, container
 

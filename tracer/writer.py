@@ -1,9 +1,10 @@
-"""TraceWriter: appends steps to a trace file from background threads, one transaction per step.
+"""TraceWriter: appends steps to a trace file from a background thread, one transaction per step.
 
-Two threads form a pipeline: the encoder turns Steps into rows, body containers and prepared blobs
-(Python and numpy work, holding the GIL); the committer compresses them and commits each step in its
-own transaction (zlib and SQLite release the GIL, so the two threads overlap). Both queues are
-bounded, so a slow disk blocks `write_step` (backpressure) instead of dropping steps or growing memory.
+One worker thread encodes each step (rows, body, new blobs), compresses it and commits it in its own
+transaction. A second thread splitting encoding from committing measured no faster: the encoding is
+Python that holds the GIL, so the committer starved waiting for it, and the hand-offs cost more CPU
+than the overlap saved. The input queue is bounded, so a slow disk blocks `write_step`
+(backpressure) instead of dropping steps or growing memory.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import atexit
 import collections
 import os
-import queue
 import sqlite3
 import sys
 import threading
@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import codec, tables
+from .batch_queue import BatchQueue
 from .errors import TraceError
 from .schema import RequestRecord, RunInfo, Step, Violation
 
@@ -31,6 +32,7 @@ _SEEN_DIGESTS = 8192  # blobs the encoder knows are stored; page tables repeat a
 # one base per array, and a damaged key spoils at most KEY_INTERVAL versions.
 KEY_INTERVAL = 16
 _WAL_AUTOCHECKPOINT_PAGES = 16384  # 64 MiB: fewer checkpoints (each one fsyncs) on long runs
+_BATCH = 64  # items the worker takes from the queue per lock round-trip
 _STOP = "stop"
 _FLUSH = "flush"
 
@@ -64,18 +66,15 @@ class TraceWriter:
         self._closed = False
         self._lock = threading.Lock()
         self._conn = self._create(run, overwrite)
-        self._in: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max(1, queue_size))
-        self._out: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=64)
+        self._queue: BatchQueue[tuple[str, Any]] = BatchQueue(queue_size)
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._last: dict[str, tuple[np.ndarray, bytes]] = {}  # array name -> last values and digest
         self._keys: dict[str, tuple[codec.Base, int]] = {}  # array name -> current key, versions based on it
         self._last_index: int | None = None
-        # Daemon threads so a forgotten close() cannot hang interpreter exit; atexit flushes them.
+        # A daemon thread so a forgotten close() cannot hang interpreter exit; atexit flushes it.
         name = f"specscope-writer:{os.path.basename(self.path)}"
-        self._encoder = threading.Thread(target=self._encode_loop, name=name + ":encode", daemon=True)
-        self._committer = threading.Thread(target=self._commit_loop, name=name + ":commit", daemon=True)
-        self._encoder.start()
-        self._committer.start()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
         atexit.register(self._close_at_exit)
 
     def _create(self, run: RunInfo, overwrite: bool) -> sqlite3.Connection:
@@ -136,7 +135,7 @@ class TraceWriter:
         done = threading.Event()
         self._put((_FLUSH, done))
         while not done.wait(0.5):
-            if not self._committer.is_alive():
+            if not self._thread.is_alive():
                 break
         self._raise_if_failed()
 
@@ -147,10 +146,9 @@ class TraceWriter:
                 return
             self._closed = True
         atexit.unregister(self._close_at_exit)
-        if self._committer.is_alive():
-            self._in.put((_STOP, None))
-            self._encoder.join()
-            self._committer.join()
+        if self._thread.is_alive():
+            self._queue.put((_STOP, None))
+            self._thread.join()
         self._raise_if_failed()
 
     def __enter__(self) -> TraceWriter:
@@ -163,7 +161,7 @@ class TraceWriter:
         if self._closed:
             raise TraceError("the trace writer is already closed", self.path)
         self._raise_if_failed()
-        self._in.put(item)
+        self._queue.put(item)
 
     def _raise_if_failed(self) -> None:
         e = self._error
@@ -179,29 +177,28 @@ class TraceWriter:
         except TraceError as e:
             print(f"specscope: warning: {e}", file=sys.stderr)
 
-    # -- encoder thread --------------------------------------------------------------------------
+    # -- worker thread ---------------------------------------------------------------------------
 
-    def _encode_loop(self) -> None:
+    def _loop(self) -> None:
         while True:
-            kind, payload = self._in.get()
-            out: tuple[str, Any] = (kind, payload)
-            try:
-                # After a failure keep draining (discarding) so producers blocked on put() wake up.
-                if self._error is not None and kind not in (_FLUSH, _STOP):
-                    continue
-                if kind == "step":
-                    out = ("step", self._encode_step(payload))
-                elif kind == "request":
-                    out = ("rows", (tables.UPSERT_REQUEST, [tables.request_row(payload)]))
-                elif kind == "violations":
-                    vs, source = payload
-                    out = ("rows", (tables.INSERT_VIOLATION, [tables.violation_row(v, source) for v in vs]))
-            except BaseException as e:  # noqa: BLE001 - surfaced to the producer on its next call
-                self._fail(e)
-                out = ("failed", None)  # in order: the committer still commits everything queued before
-            self._out.put(out)
-            if kind == _STOP:
-                return
+            for kind, payload in self._queue.get_batch(_BATCH):
+                try:
+                    # After a failure keep draining (discarding) so producers blocked on put() wake up.
+                    if self._error is None:
+                        if kind == "step":
+                            self._commit_step(*self._compress(self._encode_step(payload)))
+                        elif kind == "request":
+                            self._transaction(tables.UPSERT_REQUEST, [tables.request_row(payload)])
+                        elif kind == "violations":
+                            vs, source = payload
+                            self._transaction(tables.INSERT_VIOLATION, [tables.violation_row(v, source) for v in vs])
+                except BaseException as e:  # noqa: BLE001 - surfaced to the producer on its next call
+                    self._fail(e)
+                if kind == _FLUSH:
+                    payload.set()
+                elif kind == _STOP:
+                    self._finish()
+                    return
 
     def _encode_step(self, step: Step) -> tuple[Any, ...]:
         # Readers count steps incrementally (by index), so indexes must only grow.
@@ -243,28 +240,7 @@ class TraceWriter:
         if self._error is None:
             self._error = e
 
-    # -- committer thread ------------------------------------------------------------------------
-
-    def _commit_loop(self) -> None:
-        failed = False
-        while True:
-            kind, payload = self._out.get()
-            try:
-                failed = failed or kind == "failed"
-                if not failed:
-                    if kind == "step":
-                        self._commit_step(*payload)
-                    elif kind == "rows":
-                        self._transaction(*payload)
-            except BaseException as e:  # noqa: BLE001 - surfaced to the producer on its next call
-                failed = True
-                self._fail(e)
-            finally:
-                if kind == _FLUSH:
-                    payload.set()
-            if kind == _STOP:
-                self._finish()
-                return
+    # -- SQLite ------------------------------------------------------------------------------------
 
     def _finish(self) -> None:
         try:
@@ -296,17 +272,18 @@ class TraceWriter:
                 conn.execute("ROLLBACK")
             raise
 
+    @staticmethod
+    def _compress(encoded: tuple[Any, ...]) -> tuple[Any, ...]:
+        row, container, new_blobs, vrows = encoded
+        return row, tables.compress_body(container), [(d, p.finish()) for d, p in new_blobs], vrows
+
     def _commit_step(
         self,
         row: tuple[Any, ...],
-        container: bytes,
-        new_blobs: list[tuple[bytes, codec.Pending]],
+        body: bytes,
+        blobs: list[tuple[bytes, bytes]],
         vrows: list[tuple[Any, ...]],
     ) -> None:
-        # Compression happens here, not on the encoder: zlib releases the GIL, so it overlaps with the
-        # encoder's Python work on the next step.
-        body = tables.compress_body(container)
-        blobs = [(d, p.finish()) for d, p in new_blobs]
         conn = self._conn
         conn.execute("BEGIN")
         try:

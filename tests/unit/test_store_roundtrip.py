@@ -310,3 +310,30 @@ def test_request_record_and_span_fields(tmp_path: os.PathLike[str]) -> None:
     with TraceReader(path) as r:
         assert r.requests() == [rec]
         assert r.step(0).spans == (span,)
+
+
+def test_batch_queue_blocks_when_full_and_keeps_order() -> None:
+    import threading
+    import time
+
+    from specscope.tracer.batch_queue import BatchQueue
+
+    q: BatchQueue[int] = BatchQueue(4)
+    for i in range(4):
+        q.put(i)
+    done = threading.Event()
+
+    def producer() -> None:
+        for i in range(4, 10):
+            q.put(i)
+        done.set()
+
+    t = threading.Thread(target=producer)
+    t.start()
+    time.sleep(0.05)
+    assert not done.is_set()  # full: the producer waits (backpressure)
+    got: list[int] = []
+    while len(got) < 10:
+        got += q.get_batch(3)
+    t.join(5)
+    assert done.is_set() and got == list(range(10))
