@@ -293,12 +293,9 @@ class Engine:
                              seq_lens=self.seq_lens_buf[:bs], seq_lens_cpu=s, q_lens=[1] * bs, step_id=i)
             with nvtx(f"draft step {i}", self.nvtx):
                 logits = self._forward(self.draft, fb, lambda: request_states(reqs, s, s, [1] * bs))
-            if plan_on:
-                # Enqueue plan work while a draft step is in flight, so it runs under it: verify after the
-                # first step, draft extend after the second (or the first, with a single step).
-                plan("verify" if i == 0 else "extend")
-                if i == self.num_draft_steps - 1:
-                    plan("extend")
+            if plan_on and i == 0:
+                # Enqueue the verify metadata while the first draft step is in flight, so it runs under it.
+                plan("verify")
             tok, probs = self._sample(logits)
             drafts.append(tok)
             if probs is not None:
@@ -306,8 +303,7 @@ class Engine:
 
         # Target verify.
         plan("verify")
-        plan("extend")
-        pv, pe = prepared["verify"], prepared["extend"]
+        pv = prepared["verify"]
         streams.compute_wait_plan()
         hook_ok = 1
         if plan_on:
@@ -324,6 +320,9 @@ class Engine:
         verify_ids.copy_(torch.cat([root[:, None], draft_mat], 1).view(-1))
         with nvtx("verify", self.nvtx), self._span(rec_v, "compute", "forward", streams.compute):
             logits_v = self.target.execute(pv, rec_v)
+        # Draft-extend metadata needs only S + T, so it is planned under the verify forward.
+        plan("extend")
+        pe = prepared["extend"]
 
         # Accept (the one host sync per iteration: the scheduler needs the tokens).
         d_host = draft_mat.tolist()
@@ -351,6 +350,7 @@ class Engine:
         # Draft extend over [root, predict[0..T-2]]: refills draft KV for the window with target tokens.
         ext_ids.copy_(torch.cat([root[:, None], torch.tensor([p[:T - 1] for p in predict], dtype=torch.int64,
                                                              device=dev)], 1).view(-1))
+        streams.compute_wait_plan()
         with nvtx("draft extend", self.nvtx), self._span(rec_e, "compute", "forward", streams.compute):
             self.draft.execute(pe, rec_e, torch.arange(T - 1, bs * T, T, device=dev))
         if rec_e is not None:
