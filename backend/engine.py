@@ -162,7 +162,8 @@ class Engine:
         dev = self.device
         rpi = torch.tensor([r.slot for r in reqs], dtype=torch.int64, device=dev)
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
-        row = torch.repeat_interleave(rpi, torch.tensor(q_lens, device=dev))
+        # Built on the host: repeat_interleave with device repeats would sync the GPU on every batch.
+        row = torch.tensor([r.slot for r, n in zip(reqs, q_lens, strict=True) for _ in range(n)], device=dev)
         out_loc = self.r2t.req_to_token[row, pos].to(torch.int64)
         uniform = mode in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY)
         return ForwardBatch(

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import sqlite3
 import statistics
 import sys
@@ -267,7 +268,7 @@ def bench(args: argparse.Namespace) -> dict:
             "platform": platform.platform(),
         },
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "command": "python benchmarks/trace_store.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/trace_store.py " + shlex.join(sys.argv[1:]),
     }
     res["pass"] = {
         "write_steps_per_s": res["write_steps_per_s"] >= TARGETS["write_steps_per_s"],

@@ -17,6 +17,7 @@ import math
 import platform
 import sys
 import sysconfig
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -110,8 +111,8 @@ def save(model: LlamaForCausalLM, out: Path, provenance: dict[str, object]) -> N
 
 
 def train(which: str, args: argparse.Namespace, train_data: np.ndarray, val: np.ndarray,
-          corpus: dict[str, object], max_seconds: float) -> dict[str, object]:
-    """Train one model with AdamW + warmup/cosine LR; returns its provenance block."""
+          corpus: dict[str, object], max_seconds: float) -> tuple[dict[str, object], float]:
+    """Train one model with AdamW + warmup/cosine LR; returns (provenance block, training seconds)."""
     steps = args.target_steps if which == "target" else args.draft_steps
     torch.manual_seed(args.seed)
     model = LlamaForCausalLM(model_config(which, args.seq_len))
@@ -125,15 +126,48 @@ def train(which: str, args: argparse.Namespace, train_data: np.ndarray, val: np.
     out = Path(args.out) / which
     log = print
     log(f"[{which}] params={model.num_parameters():,} steps={steps} batch={args.batch} seq={args.seq_len}")
-    t0, step, loss_ema = time.time(), 0, None
-    prov: dict[str, object] = {}
-    while step < steps:
+    step, loss_ema, elapsed, resumes = 0, 0.0, 0.0, 0
+    # Full training state lives outside the committed folder so a killed run can `--resume`.
+    state_path = Path(args.state_dir) / f"{which}.pt"
+    if args.resume and state_path.exists():
+        st = torch.load(state_path, weights_only=False)
+        if st["done"]:
+            log(f"[{which}] already complete in {state_path}", flush=True)
+            return st["prov"], st["elapsed"]
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        rng.bit_generator.state = st["rng"]
+        step, loss_ema, elapsed, resumes = st["step"], st["loss_ema"], st["elapsed"], st["resumes"] + 1
+        log(f"[{which}] resumed at step {step} ({elapsed / 60:.1f} min already trained)", flush=True)
+    t0 = time.time() - elapsed
+
+    def checkpoint(done: bool) -> dict[str, object]:
+        """Save the bf16 weights + provenance (committed) and the full resumable state (not committed)."""
+        val_loss = evaluate(bf16_roundtrip(model), val, args.seq_len)
+        prov = {**corpus, "python": sys.version.split()[0], "steps": step, "planned_steps": steps,
+                "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr, "seed": args.seed,
+                "max_minutes": args.max_minutes, "train_loss_ema": round(loss_ema, 4),
+                "val_loss_nats_per_byte": round(val_loss, 4), "val_loss_bf16_weights": True,
+                "train_minutes": round(elapsed / 60, 2), "threads": torch.get_num_threads(),
+                "command": " ".join(["python"] + sys.argv), "complete": done,
+                "time_limited": step < steps, "resumes": resumes}
+        save(model, out, prov)
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
+                    "step": step, "loss_ema": loss_ema, "elapsed": elapsed, "resumes": resumes,
+                    "prov": prov, "done": done}, state_path.with_suffix(".tmp"))
+        state_path.with_suffix(".tmp").replace(state_path)
+        log(f"[{which}] checkpoint step {step}: val {val_loss:.4f} nats/byte -> {out}", flush=True)
+        return prov
+
+    while True:
         # Progress is the larger of step and wall-clock fractions, so the cosine still anneals fully when
         # a slow or shared CPU hits --max-minutes first (the run is then not bit-reproducible).
         progress = max(step / steps, (time.time() - t0) / max_seconds)
         if progress >= 1.0:
-            log(f"[{which}] stopping: --max-minutes budget reached at step {step}", flush=True)
-            break
+            if step < steps:
+                log(f"[{which}] stopping: --max-minutes budget reached at step {step}", flush=True)
+            return checkpoint(done=True), elapsed
         lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
         for g in opt.param_groups:
             g["lr"] = lr
@@ -145,26 +179,13 @@ def train(which: str, args: argparse.Namespace, train_data: np.ndarray, val: np.
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
+        loss_ema = loss.item() if step == 1 else 0.95 * loss_ema + 0.05 * loss.item()
         elapsed = time.time() - t0
         if step % 100 == 0 or step == steps:
             log(f"[{which}] step {step}/{steps} loss {loss_ema:.4f} lr {lr:.2e} {elapsed / step:.2f}s/step "
                 f"elapsed {elapsed / 60:.1f}min", flush=True)
-        last = step == steps or elapsed + elapsed / step > max_seconds  # the next step would overrun
-        if step % args.ckpt_every == 0 or last:
-            val_loss = evaluate(bf16_roundtrip(model), val, args.seq_len)
-            prov = {**corpus, "python": sys.version.split()[0], "steps": step, "planned_steps": steps,
-                    "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr, "seed": args.seed,
-                    "max_minutes": args.max_minutes,
-                    "train_loss_ema": round(loss_ema, 4), "val_loss_nats_per_byte": round(val_loss, 4),
-                    "val_loss_bf16_weights": True, "train_minutes": round(elapsed / 60, 2),
-                    "threads": torch.get_num_threads(), "command": " ".join(["python"] + sys.argv),
-                    "complete": step == steps, "time_limited": step < steps}
-            save(model, out, prov)
-            log(f"[{which}] checkpoint step {step}: val {val_loss:.4f} nats/byte -> {out}", flush=True)
-        if last:
-            break
-    return prov
+        if step % args.ckpt_every == 0 and step < steps:
+            checkpoint(done=False)
 
 
 def load_saved(folder: Path) -> LlamaForCausalLM:
@@ -295,7 +316,10 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ckpt-every", type=int, default=400)
+    ap.add_argument("--ckpt-every", type=int, default=200)
+    ap.add_argument("--state-dir", default=str(Path(tempfile.gettempdir()) / "specscope_train_state"),
+                    help="where resumable optimizer state is kept (not the committed weights)")
+    ap.add_argument("--resume", action="store_true", help="continue a killed run from --state-dir")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -303,14 +327,15 @@ def main() -> None:
     train_data, val, corpus = load_corpus()
     print(f"[corpus] {corpus}", flush=True)
     out = Path(args.out)
-    budget = args.max_minutes * 60
+    budget, spent = args.max_minutes * 60, 0.0
     if args.which in ("target", "both"):
         # Both models are step-limited at this budget, so the target gets most of the time; otherwise the
         # 1-layer draft, ~5x cheaper per step, would see more data and match the target's loss.
         share = args.target_share if args.which == "both" else 1.0
-        train("target", args, train_data, val, corpus, budget * share - (time.time() - t_start))
+        _, spent = train("target", args, train_data, val, corpus, budget * share)
     if args.which in ("draft", "both"):
-        train("draft", args, train_data, val, corpus, budget - (time.time() - t_start))
+        # Budgets count training time (kept across --resume), not corpus loading or the final measurement.
+        train("draft", args, train_data, val, corpus, budget - spent)
     if all((out / w / "model.safetensors").exists() for w in ("target", "draft")):
         measure(out, args, val)
     print(f"[done] total {(time.time() - t_start) / 60:.1f} min", flush=True)

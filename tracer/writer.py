@@ -140,7 +140,7 @@ class TraceWriter:
         self._raise_if_failed()
 
     def close(self) -> None:
-        """Flush, stop the writer threads and close the file; raise TraceError if writing failed."""
+        """Flush, stop the writer thread and close the file; raise TraceError if writing failed."""
         with self._lock:
             if self._closed:
                 return

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if out and os.path.exists(out) and not args.overwrite:
         print(f"specscope: error: {out} already exists (pass --overwrite to replace it)", file=sys.stderr)
         return 2
-    from specscope.backend.engine_config import ConfigError
+    from specscope.backend.engine_config import ConfigError  # noqa: F401 - a ValueError, listed for readers
     from specscope.backend.session import run_session
 
     progress = Progress(not args.quiet)
@@ -139,9 +139,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = run_session(cfg, out, command=command, overwrite=args.overwrite, progress=progress,
                           random_weights=args.random_weights)
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError, ValueError, ImportError) as e:
+        # Bad flags, a missing model folder, a kernel rejecting its arguments, no flashinfer: one sentence.
         progress.close()
-        print(f"specscope: error: {e}", file=sys.stderr)
+        print(f"specscope: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     progress.close()
     print_summary(res)

@@ -84,3 +84,14 @@ def test_list_faults_and_unknown_fault() -> None:
     assert out.returncode == 0 and all(f.name in out.stdout for f in FAULTS)
     bad = _cli("run", "--device", "cpu", "--inject", "no-such-fault", "--no-trace")
     assert bad.returncode == 2 and "unknown fault" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--model", "/nonexistent"], "no model at"),
+    (["--inject", "no-plan-wait"], "only bites with"),
+    (["--verify-tokens", "40"], "--verify-tokens"),
+])
+def test_run_rejects_bad_input_in_one_line(args: list[str], fragment: str) -> None:
+    res = _cli("run", "--device", "cpu", "--no-trace", *args)
+    assert res.returncode == 2
+    assert fragment in res.stderr and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
