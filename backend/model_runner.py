@@ -21,8 +21,6 @@ from .graph_runner import GraphRunner
 from .memory import KVPool, ReqToTokenPool
 from .trtllm_mha_backend import AttentionKernels, MissingFixupHookBackend, TRTLLMHABackend
 
-GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY)
-
 
 @dataclass
 class Prepared:
