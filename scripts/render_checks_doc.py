@@ -42,6 +42,18 @@ def main() -> None:
             also = ", ".join(f"{k} ({v})" for k, v in sorted(r["also_caught_by"].items(), key=lambda kv: kv[1]))
             first = r["first_step"] if r["detected"] else "**missed**"
             out.append(f"| `{r['fault']}` | {settings} | {r['expected']} | {first} | {also} | {r['clean_errors']} |")
+    out += ["", "## Notes", "",
+            "- `max-seq-len-q-override` on the H200: XQA cannot regroup `bs*T` query rows into requests of K",
+            "  tokens when `bs*T % K != 0`, so the first affected capture fails: our argument check raises before",
+            "  the launch (K1), the run exits with one line, and the trace keeps the failing capture step with the",
+            "  metadata it was handed (I3, I6). On the CPU the reference kernel regroups silently, as trtllm-gen does",
+            "  on Blackwell, and the wrong windows show up as I5/I12/I13 (and D2 on sampled steps).",
+            "- `no-plan-wait`: on the CPU the engine renders the race deterministically (the plan-stream work runs",
+            "  before the producer's `seq_lens` write), so the stale values trip I5/I9/I10/I12/I13/I19 as well. On",
+            "  the H200 the fault drops the plan stream's wait and delays the producer by ~5 ms; in the recorded run",
+            "  the stale read did not land (an engine host sync, since removed, ordered the two), so only the",
+            "  structural I21 fired there.",
+            "- Steps are numbered in issue order; capture steps come first (iteration -1)."]
     print("\n".join(out))
 
 
