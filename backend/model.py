@@ -162,7 +162,11 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # from_pretrained skips Embedding's normal_() init, which on `meta` costs seconds of one-time setup;
+        # weights are filled later by the loader or `init_weights`.
+        self.embed_tokens = nn.Embedding.from_pretrained(
+            torch.empty(config.vocab_size, config.hidden_size), freeze=False
+        )
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
