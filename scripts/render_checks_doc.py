@@ -49,7 +49,7 @@ def main() -> None:
             "  metadata it was handed (I3, I6). On the CPU the reference kernel regroups silently, as trtllm-gen does",
             "  on Blackwell, and the wrong windows show up as I5/I12/I13 (and D2 on sampled steps).",
             "- `no-plan-wait`: on the CPU the engine renders the race deterministically (the plan-stream work runs",
-            "  before the producer's `seq_lens` write), so the stale values trip I5/I9/I10/I12/I13/I19 as well. On",
+            "  before the producer's `seq_lens` write), so the stale values trip value invariants (I5, I12, I13, ...) too. On",
             "  the H200 the fault drops the plan stream's wait and delays the producer by ~5 ms; in the recorded run",
             "  the stale read did not land (an engine host sync, since removed, ordered the two), so only the",
             "  structural I21 fired there.",

@@ -97,6 +97,8 @@ class TraceReader:
             raise TraceError(f"cannot be opened (SQLite: {' '.join(str(e).split())})", self.path) from None
         except sqlite3.Error as e:
             raise TraceError(f"damaged or unreadable (SQLite: {' '.join(str(e).split())})", self.path) from None
+        except ValueError as e:  # e.g. UnicodeDecodeError from a damaged schema text
+            raise TraceError(f"damaged or unreadable ({type(e).__name__})", self.path) from None
 
     # -- validation ------------------------------------------------------------------------------
 

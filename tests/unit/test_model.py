@@ -242,3 +242,17 @@ def test_serving_path_options() -> None:
     heads = [(a.layer_id, a.num_q_heads, a.num_kv_heads) for a in model.attention_layers]
     assert heads == [(0, 4, 2), (1, 4, 2)]
     assert model.attention_layers[0].scaling == pytest.approx(32**-0.5)
+
+
+def test_embedded_models_found_from_a_wheel_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from specscope.backend import loader
+
+    real = loader.samples_models_dir()
+    wheel_file = tmp_path / "site-packages" / "specscope" / "backend" / "loader.py"
+    monkeypatch.setattr(loader, "__file__", str(wheel_file))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SPECSCOPE_SAMPLES", raising=False)
+    with pytest.raises(FileNotFoundError, match="SPECSCOPE_SAMPLES"):
+        loader.resolve_model_path("tiny")
+    monkeypatch.setenv("SPECSCOPE_SAMPLES", str(real.parent))  # the repository's samples/ folder
+    assert loader.resolve_model_path("tiny-draft") == real / "draft"
