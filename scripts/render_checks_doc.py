@@ -49,8 +49,9 @@ def main() -> None:
             "  metadata it was handed (I3, I6). On the CPU the reference kernel regroups silently, as trtllm-gen does",
             "  on Blackwell, and the wrong windows show up as I5/I12/I13 (and D2 on sampled steps).",
             "- `no-plan-wait`: on the CPU the engine renders the race deterministically (the plan-stream work runs",
-            "  before the producer's `seq_lens` write), so the stale values trip value invariants (I5, I12, I13, ...) too. On",
-            "  the H200 the fault drops the plan stream's wait and delays the producer by ~5 ms; in the recorded run",
+            "  before the producer's `seq_lens` write), so the stale values trip value invariants (I5, I12, I13,",
+            "  ...) too. On the H200 the fault drops the plan stream's wait and delays the producer by ~5 ms; in",
+            "  the recorded run",
             "  the stale read did not land (an engine host sync, since removed, ordered the two), so only the",
             "  structural I21 fired there.",
             "- Steps are numbered in issue order; capture steps come first (iteration -1)."]
