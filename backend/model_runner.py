@@ -180,20 +180,22 @@ class ModelRunner:
         snap(rec, "attn_page_ids", ids.to(torch.int32))
         snap(rec, "attn_scaling", torch.tensor([self.model.attention_layers[0].scaling], dtype=torch.float32))
 
-    def snapshot_tensors(self, backend: TRTLLMHABackend, fb: ForwardBatch) -> list[tuple[str, torch.Tensor]]:
-        """The tensors a step's snapshot holds: the metadata the kernels consume and the inputs behind it."""
+    @staticmethod
+    def _metadata_tensors(backend: TRTLLMHABackend, fb: ForwardBatch) -> list[tuple[str, torch.Tensor]]:
+        """The metadata the kernels consume and the inputs behind it (no kernel runs to list them)."""
         md = backend.forward_metadata
-        cols = self._strided[None, : md.page_table.shape[1]]
-        starts = self.r2t.req_to_token[fb.req_pool_indices[:, None], cols]
         return [("cache_seqlens", md.cache_seqlens_int32), ("cu_seqlens_q", md.cu_seqlens_q),
                 ("cu_seqlens_k", md.cu_seqlens_k), ("page_table", md.page_table), ("seq_lens", fb.seq_lens),
                 ("req_pool_indices", fb.req_pool_indices), ("out_cache_loc", fb.out_cache_loc),
-                ("positions", fb.positions), ("req_to_token_page_starts", starts)]
+                ("positions", fb.positions)]
 
     def pack_snapshot(self, backend: TRTLLMHABackend, fb: ForwardBatch) -> torch.Tensor:
         """All snapshot tensors in one int64 vector, so recording costs one device->host copy per step
         (and, inside a CUDA graph, no host work at all: the graph computes it on every replay)."""
-        return torch.cat([t.reshape(-1).to(torch.int64) for _, t in self.snapshot_tensors(backend, fb)])
+        cols = self._strided[None, : backend.forward_metadata.page_table.shape[1]]
+        starts = self.r2t.req_to_token[fb.req_pool_indices[:, None], cols]
+        tensors = [t for _, t in self._metadata_tensors(backend, fb)] + [starts]
+        return torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])
 
     def record_snapshot(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch,
                         packed: torch.Tensor | None) -> None:
@@ -202,12 +204,8 @@ class ModelRunner:
         if packed is None:
             packed = self.pack_snapshot(backend, fb)
         width = -(-md.max_seq_len_k // p)
-        # The layout comes from shapes and addresses alone: no kernel runs for a replayed graph's snapshot.
-        layout = [(name, t.dtype, tuple(t.shape), t.data_ptr()) for name, t in (
-            ("cache_seqlens", md.cache_seqlens_int32), ("cu_seqlens_q", md.cu_seqlens_q),
-            ("cu_seqlens_k", md.cu_seqlens_k), ("page_table", md.page_table), ("seq_lens", fb.seq_lens),
-            ("req_pool_indices", fb.req_pool_indices), ("out_cache_loc", fb.out_cache_loc),
-            ("positions", fb.positions))]
+        # Same order as pack_snapshot; the layout comes from shapes and addresses alone.
+        layout = [(name, t.dtype, tuple(t.shape), t.data_ptr()) for name, t in self._metadata_tensors(backend, fb)]
         layout.append(("req_to_token_page_starts", self.r2t.req_to_token.dtype,
                        (fb.req_pool_indices.shape[0], md.page_table.shape[1]), 0))
         self.recorder.snapshot_pack(rec, packed, layout,

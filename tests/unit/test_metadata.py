@@ -182,3 +182,29 @@ def test_padded_row_seqlen_fault() -> None:
         runner.capture_one(bs)
     fb = runner.replay_prepare(_fb(ForwardMode.DECODE, r2t, kv, be, [21, 10, 5], 3, rpi=[1, 2, 3]))
     assert _l(fb.seq_lens) == [21, 10, 5, 21]  # the padded row reads 21 positions through page 0
+
+
+@pytest.mark.parametrize("mode,q_len", [(ForwardMode.TARGET_VERIFY, 4), (ForwardMode.DRAFT_DECODE, 1),
+                                        (ForwardMode.EXTEND, 0)])
+def test_trtllm_backend_matches_the_token_level_oracle(mode: ForwardMode, q_len: int) -> None:
+    """TRTLLM metadata + paged reference kernels == ReferenceAttnBackend (req_to_token and positions only)."""
+    from specscope.backend.attention_layer import AttentionLayer
+    from specscope.backend.reference_backend import ReferenceAttnBackend
+
+    r2t, kv = _memory()
+    kv.kv_buffer[0].normal_(generator=torch.Generator().manual_seed(0))
+    layer = AttentionLayer(0, 4, 1, 16, 0.25)
+    if mode == ForwardMode.EXTEND:
+        lens, seq, pos = S, S, [p for s in S for p in range(s)]
+    elif mode == ForwardMode.DRAFT_DECODE:
+        lens, seq, pos = [1, 1], S, [s + 2 for s in S]  # draft step 2: position S + 2
+    else:
+        lens, seq, pos = [q_len] * 2, S, [s + t for s in S for t in range(q_len)]
+    outs = []
+    for be in (_backend(r2t, kv, step=2), ReferenceAttnBackend(r2t, kv)):
+        fb = _fb(mode, r2t, kv, be, seq, sum(lens), ext=lens if mode == ForwardMode.EXTEND else None)
+        fb.positions = torch.tensor(pos)
+        be.init_forward_metadata(fb)
+        q = torch.randn(sum(lens), 4, 16, generator=torch.Generator().manual_seed(1))
+        outs.append(be.forward(q, q[:, :1], q[:, :1], layer, fb, save_kv_cache=False))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
