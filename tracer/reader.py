@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import pathlib
@@ -11,14 +12,29 @@ import sqlite3
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from . import codec, tables
 from .errors import TraceError, TraceIndexError
-from .schema import MAGIC, SCHEMA_MAJOR, RequestRecord, RunInfo, Severity, Step, Violation
+from .query import QueryMixin, StepFilter
+from .schema import (
+    MAGIC,
+    SCHEMA_MAJOR,
+    FaultReport,
+    ForwardMode,
+    GraphPhase,
+    RequestRecord,
+    RequestRow,
+    RunInfo,
+    Severity,
+    SpanRow,
+    Step,
+    StepSummary,
+    Violation,
+)
 
 _BATCH = 128  # rows per query when streaming, so no statement stays open across yields
 _MAX_BASE_DEPTH = 64  # writers chain at most 8; anything deeper (or a cycle) is damage
@@ -61,7 +77,7 @@ def check_file(path: str) -> None:
         raise TraceError(f"truncated ({size} of {num_pages * page_size} bytes present)", path)
 
 
-class TraceReader:
+class TraceReader(QueryMixin):
     """Read-only view of one trace; every query sees the steps committed when it runs."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -174,14 +190,21 @@ class TraceReader:
         with self._guard("reading its meta table"):
             return self._conn.execute("SELECT 1 FROM meta WHERE key = 'closed_ns'").fetchone() is not None
 
-    def step(self, i: int) -> Step:
-        """The step with index `i` (TraceIndexError, a TraceError and IndexError, if absent)."""
+    def step(self, i: int, arrays: Iterable[str] | None = None) -> Step:
+        """The step with index `i` (TraceIndexError, a TraceError and IndexError, if absent).
+
+        `arrays` names the array snapshots to decode (None: all of them; `()`: none, for headers, requests,
+        spans and errors only)."""
         i = int(i)
         with self._guard(f"reading step {i}"):
             rows = self._fetch_steps("s.idx = ?", (i,))
             if not rows:
                 raise TraceIndexError(f"has no step {i} ({self.num_steps()} steps)", self.path)
-            return self._assemble(rows)[0]
+            step = self._assemble(rows)[0]
+        if arrays is not None:
+            keep = set(arrays)
+            step = dataclasses.replace(step, arrays=tuple(a for a in step.arrays if a.name in keep))
+        return step
 
     def steps(self, start: int = 0, stop: int | None = None) -> Iterator[Step]:
         """Steps with start <= index < stop, in index order (fetched in batches)."""
@@ -372,6 +395,104 @@ class TraceReader:
             sql = "SELECT check_id, count(*) FROM violations GROUP BY check_id"
             rows = self._conn.execute(sql).fetchall()
             return {str(k): int(n) for k, n in rows}
+
+    # -- query hooks (tracer/query.py); first implementation over the v1 tables ------------------------
+
+    def _q_summary_rows(self, start: int, stop: int | None, filter: StepFilter | None, *,
+                        backward: bool = False) -> Iterator[StepSummary]:
+        conds, params = ["s.idx >= ?", "s.idx < ?"], [int(start), (2**63 - 1) if stop is None else int(stop)]
+        f = filter
+        if f is not None:
+            for col, val in (("mode", f.mode), ("model", f.model), ("graph", f.graph), ("iteration", f.iteration)):
+                if val is not None:
+                    conds.append(f"s.{col} = ?")
+                    params.append(val)
+            if f.check_id is not None:
+                conds.append("EXISTS (SELECT 1 FROM violations v WHERE v.step = s.idx AND v.check_id = ?)")
+                params.append(f.check_id)
+            if f.severity is not None:
+                conds.append("EXISTS (SELECT 1 FROM violations v WHERE v.step = s.idx AND v.severity = ?)")
+                params.append(Severity(f.severity).value)
+            if f.has_violation:
+                conds.append("EXISTS (SELECT 1 FROM violations v WHERE v.step = s.idx)")
+        cols = ", ".join(f"s.{c}" for c in tables.HEADER_COLUMNS)
+        nerr = "(SELECT count(*) FROM violations v WHERE v.step = s.idx AND v.severity = 'error')"
+        nwarn = "(SELECT count(*) FROM violations v WHERE v.step = s.idx AND v.severity = 'warning')"
+        order = "DESC" if backward else "ASC"
+        lo, hi = params[0], params[1]
+        while lo < hi:
+            p = [lo, hi] + params[2:]
+            sql = (f"SELECT {cols}, s.accept_hist, {nerr}, {nwarn} FROM steps s WHERE {' AND '.join(conds)}"
+                   f" ORDER BY s.idx {order} LIMIT {_BATCH * 8}")
+            with self._guard(f"reading step summaries from {lo}"):
+                rows = self._conn.execute(sql, p).fetchall()
+                out = [self._summary_from_row(r) for r in rows]
+            if f is not None and f.request_id is not None:
+                out = [s for s in out if self._q_step_has_request(s.index, f.request_id)]
+            yield from out
+            if len(rows) < _BATCH * 8:
+                return
+            last = int(rows[-1][0])
+            if backward:
+                hi = last
+            else:
+                lo = last + 1
+
+    def _summary_from_row(self, r: tuple[Any, ...]) -> StepSummary:
+        h = tables.header_from_row(r)
+        hist = r[len(tables.HEADER_COLUMNS)]
+        return StepSummary(
+            index=int(h["index"]), iteration=int(h["iteration"]), mode=ForwardMode(h["mode"]), model=str(h["model"]),
+            step_id=None if h["step_id"] is None else int(h["step_id"]), batch_size=int(h["batch_size"]),
+            padded_batch_size=int(h["padded_batch_size"]), graph=GraphPhase(h["graph"]),
+            tokens_per_request=int(h["tokens_per_request"]), num_draft_tokens=int(h["num_draft_tokens"]),
+            page_size=int(h["page_size"]), start_ns=int(h["start_ns"]), end_ns=int(h["end_ns"]),
+            num_errors=int(r[-2]), num_warnings=int(r[-1]),
+            scalars={str(k): int(v) for k, v in h["scalars"].items()},
+            accept_hist=tuple(int(x) for x in json.loads(hist)) if hist else (),
+        )  # fmt: skip
+
+    def _q_step_has_request(self, i: int, request_id: int) -> bool:
+        return any(r.request_id == request_id for r in self.step(i, arrays=()).requests)
+
+    def _q_spans(self, t0: int | None, t1: int | None, steps: tuple[int, int] | None) -> list[SpanRow]:
+        lo, hi = (0, None) if steps is None else (int(steps[0]), int(steps[1]))
+        out = []
+        for st in self.steps(lo, hi):
+            for sp in st.spans:
+                if (t0 is None or sp.end_ns > t0) and (t1 is None or sp.start_ns < t1):
+                    out.append(SpanRow(st.index, st.model, st.mode, sp.stream, sp.name, sp.start_ns, sp.end_ns))
+        out.sort(key=lambda s: (s.start_ns, s.step))
+        return out
+
+    def _q_request_rows(self, request_id: int) -> list[RequestRow]:
+        out = []
+        for st in self.steps():
+            for r in st.requests:
+                if r.request_id == request_id:
+                    out.append(RequestRow(st.index, st.iteration, st.mode, st.model, r.request_id, r.slot,
+                                          r.seq_len_before, r.seq_len_after, r.num_q_tokens, r.accept_length))
+        return out
+
+    def _q_capture(self, s: StepSummary) -> int | None:
+        sql = ("SELECT max(idx) FROM steps WHERE graph = 'capture' AND model = ? AND mode = ? AND step_id IS ?"
+               " AND padded_batch_size = ? AND idx < ?")
+        with self._guard(f"finding the capture of step {s.index}"):
+            r = self._conn.execute(sql, (s.model, s.mode.value, s.step_id, s.padded_batch_size, s.index)).fetchone()
+        return None if r is None or r[0] is None else int(r[0])
+
+    def _q_fault_report(self) -> list[FaultReport]:
+        faults = self.run.config.get("faults") or []
+        fired: dict[str, list[int]] = {str(f): [] for f in faults}
+        for st in self.steps():
+            for f in st.faults_fired:
+                fired.setdefault(f, []).append(st.index)
+        return [FaultReport(f, len(v), v[0] if v else None) for f, v in fired.items()]
+
+    def _q_checked_through(self) -> int | None:
+        with self._guard("reading its meta table"):
+            r = self._conn.execute("SELECT value FROM meta WHERE key = 'checked_through'").fetchone()
+        return None if r is None else int(r[0])
 
     # -- lifetime --------------------------------------------------------------------------------
 

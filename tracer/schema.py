@@ -1,4 +1,4 @@
-"""Trace schema v1: the frozen, typed records a specscope trace is made of.
+"""Trace schema v2: the frozen, typed records a specscope trace is made of.
 
 Units live in names (`*_ns` nanoseconds, `num_*` counts, `is_*` booleans). Every record is a frozen
 dataclass that round-trips through `to_dict` / `from_dict` (plain JSON types; arrays stay numpy).
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_MAJOR = 1
+SCHEMA_MAJOR = 2
 SCHEMA_MINOR = 0
 SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
 MAGIC = "specscope-trace"
@@ -147,6 +147,52 @@ class StreamSpan:
 
 
 @dataclass(frozen=True)
+class StreamWait:
+    """A recorded wait edge: before its next work, `stream` waited for the end of span `on_span` of `on_stream`.
+
+    E.g. StreamWait("plan", "compute", "producers"): the plan stream waited on the event recorded after the
+    producers of seq_lens / req_to_token. A wait the engine never enqueued is simply absent.
+    """
+
+    stream: str
+    on_stream: str
+    on_span: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StreamWait:
+        """Inverse of `to_dict`."""
+        return cls(**_known(cls, d))
+
+
+@dataclass(frozen=True)
+class CallError:
+    """A call made for this step that raised: what was called, the exception type and its message verbatim.
+
+    `call` is "kernel:<entry point>" for a kernel launch (or its argument check), or the backend method's
+    name, e.g. "update_verify_buffers_to_fill_after_draft"; `fatal` is True when the error ended the run
+    (a sticky CUDA error).
+    """
+
+    call: str
+    error_type: str
+    message: str
+    fatal: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CallError:
+        """Inverse of `to_dict`."""
+        return cls(**_known(cls, d))
+
+
+@dataclass(frozen=True)
 class Violation:
     """One invariant that a step broke."""
 
@@ -155,6 +201,14 @@ class Violation:
     step: int
     message: str  # names the step, the request and the values that disagree
     request_id: int | None = None
+    # Where the wrong value is, so a viewer can highlight the cell: the array (as named in Step.arrays, or a
+    # request field such as "accept_length"), its row (batch row) and column (e.g. logical page), the value
+    # found and the value the invariant expected (as text: a number or a short list).
+    array: str | None = None
+    row: int | None = None
+    col: int | None = None
+    found: str | None = None
+    expected: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
@@ -191,7 +245,10 @@ class Step:
     requests: tuple[RequestState, ...] = ()
     arrays: tuple[ArraySnapshot, ...] = ()
     spans: tuple[StreamSpan, ...] = ()
-    violations: tuple[Violation, ...] = ()  # found while recording (the recorder's own checks)
+    violations: tuple[Violation, ...] = ()  # attached before writing (legacy v1 engine checks; v2 engines attach none)
+    waits: tuple[StreamWait, ...] = ()  # wait edges enqueued for this step's work
+    errors: tuple[CallError, ...] = ()  # calls for this step that raised (kernel argument checks, missing hooks, ...)
+    faults_fired: tuple[str, ...] = ()  # --inject faults that changed this step (accounting only, never a check input)
 
     def array(self, name: str) -> ArraySnapshot | None:
         """The snapshot called `name`, or None."""
@@ -253,6 +310,9 @@ def step_from_parts(
     arrays: list[ArraySnapshot],
     spans: list[dict[str, Any]],
     violations: list[dict[str, Any]],
+    waits: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    errors: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    faults_fired: list[str] = (),  # type: ignore[assignment]
 ) -> Step:
     """Assemble a Step from its stored parts (the inverse of `Step.header_dict` and friends)."""
     return Step(
@@ -274,9 +334,86 @@ def step_from_parts(
         arrays=tuple(arrays),
         spans=tuple(StreamSpan.from_dict(s) for s in spans),
         violations=tuple(Violation.from_dict(v) for v in violations),
+        waits=tuple(StreamWait.from_dict(w) for w in waits),
+        errors=tuple(CallError.from_dict(e) for e in errors),
+        faults_fired=tuple(str(f) for f in faults_fired),
     )
 
 
 def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in d.items() if k in names}
+
+
+# -- query records: what the reader's queryable tables return (docs/trace-format.md, "Reader API") ------------
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """One row of the step summary table: everything a step list shows, without decoding the step body."""
+
+    index: int
+    iteration: int
+    mode: ForwardMode
+    model: str
+    step_id: int | None
+    batch_size: int
+    padded_batch_size: int
+    graph: GraphPhase
+    tokens_per_request: int  # T
+    num_draft_tokens: int  # K
+    page_size: int
+    start_ns: int
+    end_ns: int
+    num_errors: int  # violations of severity error in the violations table (all sources)
+    num_warnings: int
+    scalars: dict[str, int] = field(default_factory=dict)
+    accept_hist: tuple[int, ...] = ()  # TARGET_VERIFY: element L = rows whose accept length is L; () otherwise
+
+    @property
+    def duration_ns(self) -> int:
+        """Host duration of the step."""
+        return self.end_ns - self.start_ns
+
+    @property
+    def num_violations(self) -> int:
+        """Errors plus warnings."""
+        return self.num_errors + self.num_warnings
+
+
+@dataclass(frozen=True)
+class SpanRow:
+    """A stream span with the step it belongs to (the spans table)."""
+
+    step: int
+    model: str
+    mode: ForwardMode
+    stream: str  # "plan", "compute", "host"
+    name: str
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """One request in one step (the step_requests table): a request's history is its rows in step order."""
+
+    step: int
+    iteration: int
+    mode: ForwardMode
+    model: str
+    request_id: int
+    slot: int
+    seq_len_before: int
+    seq_len_after: int
+    num_q_tokens: int
+    accept_length: int
+
+
+@dataclass(frozen=True)
+class FaultReport:
+    """How often an injected fault actually changed a step (accounting only: never an input to detection)."""
+
+    fault: str
+    fired: int
+    first_step: int | None

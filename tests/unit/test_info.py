@@ -6,7 +6,7 @@ import json
 import os
 
 from conftest import NUM_STEPS, write_small_trace
-from specscope.tracer.schema import ForwardMode
+from specscope.tracer.schema import SCHEMA_VERSION, ForwardMode
 from specscope.tracer.store import TraceReader
 from specscope.tracer.summary import summarize
 from stepgen import K, accept_length, make_request, make_step
@@ -31,7 +31,7 @@ def test_info_json(tmp_path: os.PathLike[str]) -> None:
     assert p.returncode == 0, p.stderr
     assert p.stderr == ""
     d = json.loads(p.stdout)
-    assert d["path"] == path and d["schema_version"] == "1.0"
+    assert d["path"] == path and d["schema_version"] == SCHEMA_VERSION
     assert d["steps"] == NUM_STEPS
     assert d["iterations"] == len({make_step(i).iteration for i in range(NUM_STEPS)})
     assert d["steps_by_mode"] == {"DRAFT_DECODE": 8, "TARGET_VERIFY": 2, "DRAFT_EXTEND": 2}

@@ -1,0 +1,262 @@
+"""The reader's query API for viewers: step summaries, searches, spans, request histories, captures, live follow.
+
+Everything here is torch-free and answers from the trace's queryable tables (docs/trace-format.md, "Reader
+API"), so a viewer never decodes step bodies it does not show. `TraceReader` inherits `QueryMixin`.
+
+This module defines the contract the TUI, the dashboard and the exports build on; keep signatures stable.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from .schema import (
+    FaultReport,
+    ForwardMode,
+    GraphPhase,
+    RequestRow,
+    Severity,
+    SpanRow,
+    Step,
+    StepSummary,
+)
+
+if TYPE_CHECKING:
+    from .condition import Condition
+
+_MODES = {m.value: m.value for m in ForwardMode} | {
+    "VERIFY": "TARGET_VERIFY", "DRAFT": "DRAFT_DECODE", "PREFILL": "EXTEND",
+}  # fmt: skip
+_GRAPHS = {g.value for g in GraphPhase}
+_CHECK_ID = re.compile(r"^[A-Z]\d+$")
+_REQUEST = re.compile(r"^(?:req(?:uest)?\s*|r)(\d+)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class StepFilter:
+    """Which steps a summary or a search wants; every field that is set must hold (AND).
+
+    `condition` is an expression over summary fields in the small syntax of `tracer/condition.py`, e.g.
+    `mode == TARGET_VERIFY and bs != prev.bs`. `bs_change` selects steps whose batch size differs from the
+    previous step of the same model and mode.
+    """
+
+    mode: str | None = None
+    model: str | None = None
+    graph: str | None = None
+    iteration: int | None = None
+    request_id: int | None = None  # steps whose batch holds this request
+    check_id: str | None = None  # steps with a violation of this check
+    severity: str | None = None  # steps with a violation of this severity
+    has_violation: bool = False
+    bs_change: bool = False
+    condition: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> StepFilter:
+        """A search-box text: `request 12` / `r12`, a check id (`I6`), a mode (`TARGET_VERIFY`, `verify`),
+        a graph phase (`replay`), `violation` / `error` / `warning`, `bs change`, or else a condition.
+
+        Raises `ConditionError` (a ValueError with a one-line message) when the text is none of these.
+        """
+        t = " ".join(text.split())
+        if not t:
+            raise _condition_error("empty search")
+        m = _REQUEST.match(t)
+        if m:
+            return cls(request_id=int(m.group(1)))
+        up = t.upper()
+        if _CHECK_ID.match(up):
+            return cls(check_id=up)
+        if up in _MODES:
+            return cls(mode=_MODES[up])
+        if t.lower() in _GRAPHS:
+            return cls(graph=t.lower())
+        if t.lower() in ("violation", "violations"):
+            return cls(has_violation=True)
+        if t.lower() in ("error", "errors", "warning", "warnings"):
+            return cls(severity=t.lower().rstrip("s"))
+        if t.lower() in ("bs change", "bs-change", "batch change"):
+            return cls(bs_change=True)
+        from .condition import parse_condition
+
+        parse_condition(t)  # validates now, so a bad search fails at once with its one-line message
+        return cls(condition=t)
+
+
+def _condition_error(msg: str) -> Exception:
+    from .condition import ConditionError
+
+    return ConditionError(msg)
+
+
+def summary_fields(s: StepSummary) -> dict[str, Any]:
+    """The names a condition can use for one summary row (aliases included; scalars by their own names)."""
+    d: dict[str, Any] = dict(s.scalars)
+    d.update(
+        index=s.index, step=s.index, iteration=s.iteration, mode=s.mode.value, model=s.model,
+        step_id=s.step_id, batch_size=s.batch_size, bs=s.batch_size, padded_batch_size=s.padded_batch_size,
+        padded_bs=s.padded_batch_size, graph=s.graph.value, tokens_per_request=s.tokens_per_request,
+        T=s.tokens_per_request, num_draft_tokens=s.num_draft_tokens, K=s.num_draft_tokens, page_size=s.page_size,
+        start_ns=s.start_ns, end_ns=s.end_ns, duration_ns=s.duration_ns, duration_us=s.duration_ns // 1000,
+        errors=s.num_errors, warnings=s.num_warnings, violations=s.num_violations,
+    )  # fmt: skip
+    return d
+
+
+class QueryMixin:
+    """Viewer queries over a trace. The methods below are the public contract; `_q_*` hooks are internal."""
+
+    # Provided by TraceReader.
+    def num_steps(self) -> int: ...  # type: ignore[empty-body]
+    def step(self, i: int, arrays: Iterable[str] | None = None) -> Step: ...  # type: ignore[empty-body]
+
+    # -- summaries and searches ------------------------------------------------------------------
+
+    def summaries(self, start: int = 0, stop: int | None = None, filter: StepFilter | None = None) -> list[StepSummary]:
+        """Summary rows with start <= index < stop (all steps when stop is None) that match `filter`, by index."""
+        return list(self.iter_summaries(start, stop, filter))
+
+    def iter_summaries(
+        self, start: int = 0, stop: int | None = None, filter: StepFilter | None = None, *, backward: bool = False
+    ) -> Iterator[StepSummary]:
+        """Like `summaries`, streamed in batches; `backward` walks from stop-1 down to start."""
+        cond = None if filter is None or filter.condition is None else _parse(filter.condition)
+        prev_by_kind: dict[tuple[str, str], StepSummary] = {}
+        prev: StepSummary | None = None
+        needs_prev = filter is not None and (filter.bs_change or (filter.condition is not None and "prev" in
+                                                                    filter.condition))
+        for s in self._q_summary_rows(start, stop, filter, backward=backward):
+            if needs_prev:
+                p, pk = self._q_previous(s, backward, prev, prev_by_kind)
+            else:
+                p = pk = None
+            prev = s
+            prev_by_kind[(s.model, s.mode.value)] = s
+            if filter is not None and filter.bs_change and (pk is None or pk.batch_size == s.batch_size):
+                continue
+            if cond is not None and not cond.evaluate(summary_fields(s), None if p is None else summary_fields(p)):
+                continue
+            yield s
+
+    def _q_previous(self, s: StepSummary, backward: bool, prev: StepSummary | None,
+                    prev_by_kind: dict[tuple[str, str], StepSummary]) -> tuple[StepSummary | None, StepSummary | None]:
+        # `prev` in a condition is the step just before in the trace, whatever the walk direction.
+        if not backward:
+            return prev, prev_by_kind.get((s.model, s.mode.value))
+        before = self._q_summary_rows(0, s.index, None, backward=True)
+        p = next(iter(before), None)
+        pk = None
+        for r in self._q_summary_rows(0, s.index, StepFilter(mode=s.mode.value, model=s.model), backward=True):
+            pk = r
+            break
+        return p, pk
+
+    def summary(self, i: int) -> StepSummary:
+        """The summary row of step `i` (TraceIndexError when absent)."""
+        rows = self.summaries(i, i + 1)
+        if not rows:
+            from .errors import TraceIndexError
+
+            raise TraceIndexError(f"has no step {i} ({self.num_steps()} steps)", getattr(self, "path", None))
+        return rows[0]
+
+    def find_steps(
+        self, filter: StepFilter | str, after: int = -1, limit: int | None = 1, *, backward: bool = False
+    ) -> list[int]:
+        """Indexes of matching steps: forward, the first `limit` with index > after (ascending); with
+        `backward=True`, the last `limit` with index < after (descending). `limit=None` means all."""
+        f = StepFilter.parse(filter) if isinstance(filter, str) else filter
+        if backward:
+            rows = self.iter_summaries(0, max(after, 0), f, backward=True)
+        else:
+            rows = self.iter_summaries(after + 1, None, f)
+        out: list[int] = []
+        for s in rows:
+            out.append(s.index)
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    # -- spans, requests, captures ---------------------------------------------------------------
+
+    def spans(
+        self, t0_ns: int | None = None, t1_ns: int | None = None, *, steps: tuple[int, int] | None = None
+    ) -> list[SpanRow]:
+        """Stream spans overlapping [t0_ns, t1_ns) (either bound may be None), or of the steps in
+        [steps[0], steps[1]) when `steps` is given; ordered by start time."""
+        return self._q_spans(t0_ns, t1_ns, steps)
+
+    def request_history(self, request_id: int) -> list[RequestRow]:
+        """Every step row of one request, in step order."""
+        return self._q_request_rows(request_id)
+
+    def capture_of(self, step: int) -> int | None:
+        """For a replay step, the index of the capture its graph came from (the last capture of the same model,
+        mode, draft step and padded batch size before it); for a capture, itself; None otherwise."""
+        s = self.summary(step)
+        if s.graph == GraphPhase.CAPTURE:
+            return s.index
+        if s.graph != GraphPhase.REPLAY:
+            return None
+        return self._q_capture(s)
+
+    def fault_report(self) -> list[FaultReport]:
+        """For each fault the run injected (run.config["faults"]): how often it fired and first where."""
+        return self._q_fault_report()
+
+    def checked_through(self) -> int | None:
+        """The last step index whose violations the catalogue has written (-1: none yet), or None when the
+        trace was never checked (a v1 trace, or one recorded with checking off)."""
+        return self._q_checked_through()
+
+    # -- live traces -----------------------------------------------------------------------------
+
+    def wait_for_steps(self, after: int, timeout: float) -> int:
+        """Block until a step with index > `after` is committed, the writer closes the trace, or `timeout`
+        seconds pass; returns `num_steps()`."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            n = self.num_steps()
+            if n > after + 1 or self.is_closed() or time.monotonic() >= deadline:  # type: ignore[attr-defined]
+                return n
+            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+
+    # -- internal hooks, implemented by TraceReader --------------------------------------------------
+
+    def _q_summary_rows(self, start: int, stop: int | None, filter: StepFilter | None, *,
+                        backward: bool = False) -> Iterable[StepSummary]:
+        raise NotImplementedError
+
+    def _q_spans(self, t0: int | None, t1: int | None, steps: tuple[int, int] | None) -> list[SpanRow]:
+        raise NotImplementedError
+
+    def _q_request_rows(self, request_id: int) -> list[RequestRow]:
+        raise NotImplementedError
+
+    def _q_capture(self, s: StepSummary) -> int | None:
+        raise NotImplementedError
+
+    def _q_fault_report(self) -> list[FaultReport]:
+        raise NotImplementedError
+
+    def _q_checked_through(self) -> int | None:
+        raise NotImplementedError
+
+
+def _parse(text: str) -> Condition:
+    from .condition import parse_condition
+
+    return parse_condition(text)
+
+
+def severity_of(name: str) -> Severity:
+    """`Severity` from its value."""
+    return Severity(name)
+
+
+__all__ = ["QueryMixin", "StepFilter", "summary_fields", "replace"]
