@@ -328,10 +328,18 @@ class _GraphState:
             c.v("I16", f"max_seq_len_q = {now} at replay prep, the graph froze {frozen} at capture")
 
 
-def check_steps(steps: Iterable[Step]) -> Iterator[Violation]:
-    """Every violation, in step order (violations the recorder already attached come first per step)."""
-    graphs = _GraphState()
-    for step in steps:
+class Checker:
+    """The streaming checker: feed steps in index order; it keeps the capture/replay state between them.
+
+    A live viewer (or the checker process beside a run's writer) calls `feed` as each step is committed and
+    can break on the violations it returns; `check_steps` is a loop over it.
+    """
+
+    def __init__(self) -> None:
+        self._graphs = _GraphState()
+
+    def feed(self, step: Step) -> list[Violation]:
+        """Every violation of `step` (violations attached before writing come first)."""
         c = _Ctx(step)
         c.out.extend(step.violations)
         if step.arrays:
@@ -346,8 +354,15 @@ def check_steps(steps: Iterable[Step]) -> Iterator[Violation]:
                 _check_capture(c)
             if step.graph == GraphPhase.REPLAY:
                 _check_freshness(c)
-            graphs.check(c)
+            self._graphs.check(c)
             if step.array("attn_q") is not None:
                 c.out.extend(differential_check([step]))
         _check_streams(c)
-        yield from c.out
+        return c.out
+
+
+def check_steps(steps: Iterable[Step]) -> Iterator[Violation]:
+    """Every violation, in step order (a loop over `Checker.feed`)."""
+    checker = Checker()
+    for step in steps:
+        yield from checker.feed(step)
