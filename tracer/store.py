@@ -15,7 +15,7 @@ from .reader import TraceReader
 from .schema import Violation
 from .writer import TraceWriter, connect_rw
 
-__all__ = ["TraceError", "TraceReader", "TraceWriter", "append_violations"]
+__all__ = ["TraceError", "TraceReader", "TraceWriter", "append_violations", "mark_checked"]
 
 
 def append_violations(
@@ -47,3 +47,23 @@ def append_violations(
     except sqlite3.Error as e:
         raise TraceError(f"cannot add violations (SQLite: {e})", path) from None
     return len(rows)
+
+
+def mark_checked(path: str | os.PathLike[str], through: int) -> None:
+    """Record that the catalogue's verdicts for steps <= `through` are in the violations table (meta
+    `checked_through`), so viewers know how far the violations of a live trace are complete."""
+    path = os.fspath(path)
+    with TraceReader(path):
+        pass
+    try:
+        conn = connect_rw(path)
+        try:
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('checked_through', ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(int(through)),),
+            )
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise TraceError(f"cannot mark the trace checked (SQLite: {e})", path) from None
