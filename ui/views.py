@@ -1,0 +1,398 @@
+"""View models shared by the TUI and the dashboard: what a step screen shows, derived from the recorded values.
+
+Pure functions over `tracer` records (no Textual, no Dash, no torch). The page-table classification here is
+for display; the invariant catalogue in `tracer/checks.py` is what judges a trace.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from specscope.tracer.schema import ForwardMode, GraphPhase, RunInfo, Step, StepSummary, Violation
+
+_UNIFORM = (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY)
+_BYTE_MODELS = ("tiny", "tiny-draft")
+
+
+# -- tokens as text --------------------------------------------------------------------------------------
+
+
+def is_byte_level(run: RunInfo) -> bool:
+    """True when token ids are bytes (the embedded models, or a config that says so)."""
+    if run.target_model in _BYTE_MODELS:
+        return True
+    tok = run.config.get("tokenizer")
+    return tok == "bytes"
+
+
+_ESCAPES = {0x0A: "\\n", 0x09: "\\t", 0x0D: "\\r", 0x5C: "\\\\"}
+
+
+def byte_text(tokens: Iterable[int]) -> str:
+    """Byte tokens as one printable line: ASCII as is, \\n \\t \\r escaped, other bytes as \\xNN."""
+    out = []
+    for t in tokens:
+        t = int(t)
+        if t in _ESCAPES:
+            out.append(_ESCAPES[t])
+        elif 0x20 <= t < 0x7F:
+            out.append(chr(t))
+        else:
+            out.append(f"\\x{t & 0xFF:02x}")
+    return "".join(out)
+
+
+def token_formatter(run: RunInfo) -> Callable[[Sequence[int]], str]:
+    """How to show a token sequence for this run: text for byte-level models, space-separated ids otherwise."""
+    if is_byte_level(run):
+        return byte_text
+    return lambda toks: " ".join(str(int(t)) for t in toks)
+
+
+# -- step detail ---------------------------------------------------------------------------------------
+
+
+def step_label(s: Step | StepSummary) -> str:
+    """A short name: `#12 target TARGET_VERIFY replay` (with `draft step i` for draft decodes)."""
+    sid = f" #{s.step_id}" if s.step_id is not None else ""
+    return f"#{s.index} {s.model} {s.mode.value}{sid} {s.graph.value}"
+
+
+def fmt_ns(ns: int) -> str:
+    """A duration in ns as µs or ms with 3 significant digits."""
+    if abs(ns) >= 1_000_000:
+        return f"{ns / 1e6:.3g} ms"
+    return f"{ns / 1e3:.3g} µs"
+
+
+def step_detail(s: Step | StepSummary, *, capture: int | None = None, kernel: str | None = None,
+                spans: Sequence[tuple[str, str, int, int]] = ()) -> list[tuple[str, str]]:
+    """(label, value) rows of the step detail panel; `spans` are (stream, name, start_ns, end_ns)."""
+    sc = s.scalars
+    graph = s.graph.value
+    if s.graph == GraphPhase.REPLAY:
+        graph += f" (capture step {capture})" if capture is not None else " (capture not in trace)"
+    tk = f"T {s.tokens_per_request} / K {s.num_draft_tokens}"
+    if s.mode == ForwardMode.TARGET_VERIFY and s.tokens_per_request != s.num_draft_tokens:
+        tk += "  (T ≠ K)"
+    rows = [
+        ("step", str(s.index)),
+        ("iteration", str(s.iteration)),
+        ("model", s.model),
+        ("mode", s.mode.value + (f" (draft step {s.step_id})" if s.step_id is not None else "")),
+        ("graph", graph),
+        ("bs / padded", f"{s.batch_size} / {s.padded_batch_size}"
+         + (f"  ({s.padded_batch_size - s.batch_size} padded)" if s.padded_batch_size > s.batch_size else "")),
+        ("tokens", tk),
+        ("max_seq_len_q", _scalar(sc, "max_seq_len_q")),
+        ("kernel q_len", _scalar(sc, "kernel_q_len")),
+        ("max_seq_len_k", _scalar(sc, "max_seq_len_k")),
+        ("page size", str(s.page_size)),
+    ]
+    if "captured_max_seq_len_q" in sc:
+        rows.append(("captured q_len", str(sc["captured_max_seq_len_q"])))
+    if kernel:
+        rows.append(("kernel", kernel))
+    rows.append(("host time", fmt_ns(s.end_ns - s.start_ns)))
+    for stream, name, t0, t1 in spans:
+        rows.append((f"{stream}:{name}", fmt_ns(t1 - t0)))
+    return rows
+
+
+def _scalar(sc: dict[str, int], name: str) -> str:
+    return str(sc[name]) if name in sc else "-"
+
+
+# -- requests and the draft chain ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """One live row of a step as the request table shows it."""
+
+    row: int
+    request_id: int
+    slot: int
+    seq_len_before: int
+    seq_len_after: int
+    num_q_tokens: int
+    accept_length: int
+    draft_tokens: tuple[int, ...]
+    accepted_tokens: tuple[int, ...]
+    draft_accepted: tuple[bool, ...]  # per draft token: kept by the verify
+    bonus: int | None  # the token the target added after the accepted drafts (None outside verify)
+    draft_text: str
+    accepted_text: str
+
+    @property
+    def num_draft_accepted(self) -> int:
+        """Draft tokens accepted (the bonus excluded)."""
+        return sum(self.draft_accepted)
+
+
+def request_views(step: Step, fmt: Callable[[Sequence[int]], str] = byte_text) -> list[RequestView]:
+    """The request table of a step; accepted draft tokens are the common prefix of drafts and accepted tokens."""
+    out = []
+    for b, r in enumerate(step.requests):
+        acc, drafts = tuple(r.accepted_tokens), tuple(r.draft_tokens)
+        kept = [j < len(acc) - 1 and all(acc[i] == drafts[i] for i in range(j + 1)) for j in range(len(drafts))]
+        bonus = acc[-1] if acc and step.mode == ForwardMode.TARGET_VERIFY else None
+        out.append(RequestView(
+            row=b, request_id=r.request_id, slot=r.slot, seq_len_before=r.seq_len_before,
+            seq_len_after=r.seq_len_after, num_q_tokens=r.num_q_tokens, accept_length=r.accept_length,
+            draft_tokens=drafts, accepted_tokens=acc, draft_accepted=tuple(kept), bonus=bonus,
+            draft_text=fmt(drafts), accepted_text=fmt(acc),
+        ))  # fmt: skip
+    return out
+
+
+# -- the page-table grid ---------------------------------------------------------------------------------
+
+
+class CellKind(str, enum.Enum):
+    """How a page-table cell looks; the order is the display precedence (first wins)."""
+
+    OUT_OF_RANGE = "out_of_range"  # page id outside the KV pool
+    STALE = "stale"  # differs from req_to_token: the kernel reads someone else's (or last batch's) page
+    SHARED = "shared"  # the same physical page is read by another live request
+    PADDED = "padded"  # a padded graph row (not a request)
+    FRESH = "fresh"  # this step writes KV into this page
+    OK = "ok"
+    UNREAD = "unread"  # past the row's cache_seqlens: recorded but not read
+
+
+# One symbol per kind, so the grid reads without colour.
+SYMBOLS: dict[CellKind, str] = {
+    CellKind.OUT_OF_RANGE: "✗", CellKind.STALE: "!", CellKind.SHARED: "=", CellKind.PADDED: "~",
+    CellKind.FRESH: "+", CellKind.OK: " ", CellKind.UNREAD: "·",
+}  # fmt: skip
+KIND_TEXT: dict[CellKind, str] = {
+    CellKind.OUT_OF_RANGE: "page id outside the KV pool", CellKind.STALE: "differs from req_to_token",
+    CellKind.SHARED: "also read by another live request", CellKind.PADDED: "padded graph row",
+    CellKind.FRESH: "KV written this step", CellKind.OK: "read, matches req_to_token",
+    CellKind.UNREAD: "past cache_seqlens (not read)",
+}  # fmt: skip
+_PRECEDENCE = list(CellKind)
+
+
+@dataclass(frozen=True)
+class PageCell:
+    """One cell: row b (request or padded row) x logical page j."""
+
+    row: int
+    col: int
+    page: int  # physical page the kernel was handed
+    kind: CellKind
+    expected_page: int | None  # from req_to_token (None when not recorded or not read)
+    token_start: int  # token positions this logical page covers for this row: [start, end)
+    token_end: int
+    owner: int | None  # request id of the row (None for padded rows)
+    shared_with: tuple[int, ...] = ()  # other request ids reading the same physical page
+
+
+@dataclass(frozen=True)
+class PageGrid:
+    """The page table a kernel consumed, classified cell by cell, with the seqlens beside it."""
+
+    page_size: int
+    batch_size: int  # live rows; rows past it are padding
+    num_cols: int  # recorded columns (the live part of the table)
+    full_cols: int  # columns of the tensor the kernel saw
+    cells: list[list[PageCell]]
+    cache_seqlens: list[int]
+    cu_seqlens_q: list[int]
+    cu_seqlens_k: list[int]
+    row_labels: list[str]
+    counts: dict[CellKind, int] = field(default_factory=dict)
+
+    def cell(self, row: int, col: int) -> PageCell | None:
+        """The cell at (row, col), or None outside the recorded table."""
+        if 0 <= row < len(self.cells) and 0 <= col < len(self.cells[row]):
+            return self.cells[row][col]
+        return None
+
+
+def page_grid(step: Step) -> PageGrid | None:
+    """Classify every recorded page-table cell of a step; None when the step has no page table."""
+    pt_snap = step.array("page_table")
+    if pt_snap is None or pt_snap.values.ndim != 2:
+        return None
+    pt = pt_snap.values.astype(np.int64)
+    p = max(1, step.page_size)
+    rows, cols = pt.shape
+    cs = _values(step, "cache_seqlens", rows)
+    starts_snap = step.array("req_to_token_page_starts")
+    starts = None if starts_snap is None else starts_snap.values.astype(np.int64)
+    npages = step.scalars.get("num_kv_pages")
+    live = min(step.batch_size, rows)
+    owners = [r.request_id for r in step.requests]
+    need = [-(-int(cs[b]) // p) if b < len(cs) else 0 for b in range(rows)]
+    fresh = _fresh_pages(step, live, p)
+    readers: dict[int, set[int]] = {}
+    for b in range(live):
+        for j in range(min(need[b], cols)):
+            pg = int(pt[b, j])
+            if pg != 0:
+                readers.setdefault(pg, set()).add(owners[b] if b < len(owners) else -b - 1)
+    grid: list[list[PageCell]] = []
+    counts: dict[CellKind, int] = {}
+    for b in range(rows):
+        owner = owners[b] if b < live and b < len(owners) else None
+        row: list[PageCell] = []
+        for j in range(cols):
+            pg = int(pt[b, j])
+            read = j < need[b]
+            exp = None
+            if starts is not None and b < starts.shape[0] and j < starts.shape[1] and read:
+                exp = int(starts[b, j]) // p
+            kinds = []
+            if npages is not None and (pg >= npages or pg < 0):
+                kinds.append(CellKind.OUT_OF_RANGE)
+            if b >= live:
+                kinds.append(CellKind.PADDED)
+            elif not read:
+                kinds.append(CellKind.UNREAD)
+            else:
+                if exp is not None and exp != pg:
+                    kinds.append(CellKind.STALE)
+                others = readers.get(pg, set()) - ({owner} if owner is not None else set())
+                if pg != 0 and others:
+                    kinds.append(CellKind.SHARED)
+                if pg in fresh.get(b, ()):
+                    kinds.append(CellKind.FRESH)
+                kinds.append(CellKind.OK)
+            kind = min(kinds, key=_PRECEDENCE.index)
+            counts[kind] = counts.get(kind, 0) + 1
+            shared = tuple(sorted(readers.get(pg, set()) - {owner})) if kind == CellKind.SHARED else ()
+            t0 = j * p
+            t1 = min((j + 1) * p, int(cs[b]) if b < len(cs) else t0)
+            row.append(PageCell(b, j, pg, kind, exp, t0, max(t0, t1), owner, shared))
+        grid.append(row)
+    labels = [f"r{owners[b]}" if b < live and b < len(owners) else f"pad{b}" for b in range(rows)]
+    return PageGrid(
+        page_size=p, batch_size=live, num_cols=cols, full_cols=int(pt_snap.shape[1]) if len(pt_snap.shape) == 2
+        else cols, cells=grid, cache_seqlens=[int(x) for x in cs], cu_seqlens_q=_list(step, "cu_seqlens_q"),
+        cu_seqlens_k=_list(step, "cu_seqlens_k"), row_labels=labels, counts=counts,
+    )  # fmt: skip
+
+
+def _values(step: Step, name: str, n: int) -> np.ndarray:
+    a = step.array(name)
+    if a is None:
+        return np.zeros(n, np.int64)
+    return a.values.astype(np.int64).reshape(-1)
+
+
+def _list(step: Step, name: str) -> list[int]:
+    a = step.array(name)
+    return [] if a is None else [int(x) for x in a.values.reshape(-1)]
+
+
+def _fresh_pages(step: Step, live: int, p: int) -> dict[int, set[int]]:
+    """Row -> physical pages holding the KV slots this step writes (out_cache_loc), for the live rows."""
+    loc = step.array("out_cache_loc")
+    if loc is None:
+        return {}
+    slots = loc.values.astype(np.int64).reshape(-1)
+    if step.mode in _UNIFORM:
+        q = step.scalars.get("kernel_q_len", step.tokens_per_request) if step.mode == ForwardMode.TARGET_VERIFY else 1
+        bounds = [(b * q, (b + 1) * q) for b in range(live)]
+    else:
+        cuq = _list(step, "cu_seqlens_q")
+        if len(cuq) > live:
+            bounds = [(cuq[b], cuq[b + 1]) for b in range(live)]
+        else:
+            lens = [r.num_q_tokens for r in step.requests[:live]]
+            acc = np.concatenate([[0], np.cumsum(lens)]).astype(int).tolist()
+            bounds = [(acc[b], acc[b + 1]) for b in range(len(lens))]
+    out: dict[int, set[int]] = {}
+    for b, (lo, hi) in enumerate(bounds):
+        out[b] = {int(s) // p for s in slots[max(0, lo):max(0, hi)]}
+    return out
+
+
+@dataclass(frozen=True)
+class BinnedCell:
+    """A zoomed-out cell: logical pages [col_lo, col_hi] of one row, shown as their most notable kind."""
+
+    row: int
+    col_lo: int
+    col_hi: int
+    kind: CellKind
+    pages: tuple[int, ...]
+
+
+def bin_columns(grid: PageGrid, width: int) -> list[list[BinnedCell]]:
+    """The grid squeezed to at most `width` columns per row (for 100k-token contexts); each bin shows the
+    highest-precedence kind inside it, so a single stale page is never hidden by zooming out."""
+    width = max(1, width)
+    per = max(1, -(-grid.num_cols // width))
+    out = []
+    for row in grid.cells:
+        bins = []
+        for lo in range(0, len(row), per):
+            chunk = row[lo:lo + per]
+            kind = min((c.kind for c in chunk), key=_PRECEDENCE.index)
+            bins.append(BinnedCell(chunk[0].row, lo, lo + len(chunk) - 1, kind, tuple(c.page for c in chunk)))
+        out.append(bins)
+    return out
+
+
+def violation_cell(v: Violation) -> tuple[str, int | None, int | None] | None:
+    """(array, row, col) a violation points at, or None when it names no array."""
+    if v.array is None:
+        return None
+    return v.array, v.row, v.col
+
+
+# -- acceptance ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AcceptanceStats:
+    """Acceptance over a set of verify steps. Accept length counts the bonus token; draft acceptance does not."""
+
+    verify_steps: int
+    rows: int  # request rows verified
+    mean_accept_length: float  # tokens committed per row per verify (bonus included)
+    tokens_per_verify_step: float  # tokens committed per verify forward (all rows)
+    draft_acceptance: float  # accepted draft tokens / drafted tokens (bonus excluded)
+    draft_waste: float  # rejected draft tokens / drafted tokens
+    by_position: list[float]  # element j: share of rows whose draft token j was accepted
+    histogram: list[int]  # element L: rows with accept length L
+
+
+def acceptance_from_summaries(rows: Iterable[StepSummary]) -> AcceptanceStats:
+    """Acceptance statistics from the TARGET_VERIFY summary rows among `rows` (their accept histograms)."""
+    hist: list[int] = []
+    steps = drafted = 0
+    for s in rows:
+        if s.mode != ForwardMode.TARGET_VERIFY or not s.accept_hist:
+            continue
+        steps += 1
+        if len(s.accept_hist) > len(hist):
+            hist.extend([0] * (len(s.accept_hist) - len(hist)))
+        for n, c in enumerate(s.accept_hist):
+            hist[n] += c
+        drafted += sum(s.accept_hist) * max(0, s.tokens_per_request - 1)
+    return acceptance_from_histogram(hist, steps, drafted)
+
+
+def acceptance_from_histogram(hist: Sequence[int], verify_steps: int, drafted: int) -> AcceptanceStats:
+    """Statistics from an accept-length histogram (element L = rows with accept length L)."""
+    rows = int(sum(hist))
+    committed = sum(n * c for n, c in enumerate(hist))
+    accepted = sum(max(0, n - 1) * c for n, c in enumerate(hist))
+    depth = max(0, len(hist) - 2)
+    by_pos = [sum(c for n, c in enumerate(hist) if n - 1 > j) / rows if rows else 0.0 for j in range(depth)]
+    return AcceptanceStats(
+        verify_steps=verify_steps, rows=rows,
+        mean_accept_length=committed / rows if rows else 0.0,
+        tokens_per_verify_step=committed / verify_steps if verify_steps else 0.0,
+        draft_acceptance=accepted / drafted if drafted else 0.0,
+        draft_waste=(drafted - accepted) / drafted if drafted else 0.0,
+        by_position=by_pos, histogram=list(hist),
+    )  # fmt: skip
