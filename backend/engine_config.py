@@ -1,14 +1,26 @@
-"""Every setting of a run, validated up front so a bad combination fails with one clear sentence."""
+"""Every setting of a run, validated up front so a bad combination fails with one clear sentence.
+
+Torch-free at import: `specscope run` validates flags, model configs and memory before torch loads.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import torch
+import math
+import re
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from .faults import FAULTS
-from .memory import SUPPORTED_PAGE_SIZES
+from .model_config import ModelConfig
+from .sizing import Estimate, RunShape, SizingError, check_fits, context_len, cpu_available_bytes, cuda_available_bytes
+
+if TYPE_CHECKING:
+    import torch
+
+SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)  # memory.py's (kept here so validation needs no torch)
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+MAX_SEED = 2**63 - 1  # the draft's weights use seed + 1, and torch seeds are at most 64 bits
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 
 class ConfigError(ValueError):
@@ -45,28 +57,56 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         """The model and KV dtype."""
+        import torch
+
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                 "float64": torch.float64}[self.dtype]
 
-    def validate(self) -> EngineConfig:
-        """Fill defaults and reject impossible combinations (raises ConfigError)."""
-        if self.batch_size < 1 or self.num_requests < 1 or self.max_new_tokens < 1:
-            raise ConfigError("--batch-size, --requests and --max-new-tokens must be at least 1")
+    def validate(self, *, models: bool = True, memory: bool = True) -> EngineConfig:
+        """Fill defaults and reject impossible combinations (raises ConfigError); with `models`, also read the
+        models' config.json (positions, vocab) and, with `memory`, refuse a run the device cannot hold."""
+        for name, flag in (("batch_size", "--batch-size"), ("num_requests", "--requests"),
+                           ("max_new_tokens", "--max-new-tokens")):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{flag} must be at least 1, got {getattr(self, name)!r}")
+        if not _DEVICE.fullmatch(self.device):
+            raise ConfigError(f"unknown --device {self.device!r} (use auto, cpu, cuda or cuda:N)")
         if self.page_size not in SUPPORTED_PAGE_SIZES:
             raise ConfigError(f"--page-size must be one of {', '.join(map(str, SUPPORTED_PAGE_SIZES))}")
         if self.spec_steps < 0 or self.spec_steps > 15:
-            raise ConfigError("--spec-steps must be between 0 and 15")
+            raise ConfigError(f"--spec-steps must be between 0 and 15, got {self.spec_steps}")
         if self.spec_steps and not self.draft:
             raise ConfigError("speculative decoding (--spec-steps > 0) needs a --draft model")
+        if not self.spec_steps and self.verify_tokens not in (0, 1):
+            raise ConfigError(f"--verify-tokens {self.verify_tokens} needs --spec-steps > 0 (plain decode has no "
+                              "verify)")
+        if self.verify_tokens < 0 or (self.spec_steps and self.verify_tokens and not 2 <= self.verify_tokens <= 16):
+            raise ConfigError(f"--verify-tokens must be between 2 and 16, got {self.verify_tokens}")
         if not self.verify_tokens:
             self.verify_tokens = self.spec_steps + 1
-        if self.spec_steps and not 2 <= self.verify_tokens <= 16:
-            raise ConfigError("--verify-tokens must be between 2 and 16")
-        if self.graph_batch_sizes and max(self.graph_batch_sizes) < self.batch_size:
-            raise ConfigError("--graph-batch-sizes must include a size >= --batch-size")
-        if self.dtype == "auto":
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
+            raise ConfigError(f"--temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"--seed must be between 0 and 2**63 - 1, got {self.seed}")
+        if self.record_attention < 0:
+            raise ConfigError(f"--record-attention must be 0 (off) or a step interval >= 1, got "
+                              f"{self.record_attention}")
+        lo, hi = self.prompt_len
+        if not 1 <= lo <= hi:
+            raise ConfigError(f"--prompt-len must be 1 <= MIN <= MAX, got {lo},{hi}")
+        # More running slots than requests are never used: they would only allocate KV pages and graphs.
+        self.batch_size = min(self.batch_size, self.num_requests)
+        if self.graph_batch_sizes:
+            if min(self.graph_batch_sizes) < 1:
+                raise ConfigError("--graph-batch-sizes must be at least 1")
+            if max(self.graph_batch_sizes) < self.batch_size:
+                raise ConfigError("--graph-batch-sizes must include a size >= --batch-size")
+            top = min(s for s in self.graph_batch_sizes if s >= self.batch_size)
+            self.graph_batch_sizes = tuple(sorted({s for s in self.graph_batch_sizes if s <= top}))
+        if self.dtype == "auto" and self.device != "auto":
             self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
-        if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
+        if self.dtype not in (*DTYPES, "auto"):
             raise ConfigError(f"unsupported --dtype {self.dtype}")
         need = {
             "max-seq-len-q-override": (self.cuda_graph and self.spec_steps > 0
@@ -85,7 +125,58 @@ class EngineConfig:
             if not ok:
                 raise ConfigError(f"fault {f} only bites with {what}")
         assert set(need) == {f.name for f in FAULTS}
+        if models:
+            target, draft = self.model_configs()
+            self.check_models(target, draft)
+            if memory and self.device != "auto":
+                self.check_memory(target, draft)
         return self
+
+    def model_configs(self) -> tuple[ModelConfig, ModelConfig | None]:
+        """The target's and (when speculating) the draft's config.json, parsed (no torch, no weights)."""
+        from .loader import resolve_model_path
+
+        target = ModelConfig.from_json(resolve_model_path(self.model) / "config.json")
+        draft = ModelConfig.from_json(resolve_model_path(self.draft) / "config.json") if self.spec_steps else None
+        return target, draft
+
+    def check_models(self, target: ModelConfig, draft: ModelConfig | None) -> None:
+        """Vocabularies agree and every request fits the models' positions."""
+        if draft is not None and draft.vocab_size != target.vocab_size:
+            raise ConfigError(f"draft vocab ({draft.vocab_size}) differs from target vocab ({target.vocab_size})")
+        t = self.verify_tokens if self.spec_steps else 1
+        need = context_len(self.prompt_len[1], self.max_new_tokens, t, self.page_size)
+        limit = min(m.max_position_embeddings for m in (target, draft) if m is not None)
+        if need > limit:
+            raise ConfigError(f"--prompt-len up to {self.prompt_len[1]} plus --max-new-tokens {self.max_new_tokens} "
+                              f"need {need} positions, more than the model's {limit}")
+
+    def run_shape(self) -> RunShape:
+        """The settings that decide the run's memory."""
+        return RunShape(batch_size=self.batch_size, num_requests=self.num_requests,
+                        max_new_tokens=self.max_new_tokens, prompt_max=self.prompt_len[1],
+                        spec_steps=self.spec_steps, verify_tokens=self.verify_tokens or self.spec_steps + 1,
+                        page_size=self.page_size, dtype=self.dtype if self.dtype != "auto" else "float32",
+                        cuda_graph=self.cuda_graph, on_gpu=self.device.startswith("cuda"))
+
+    def check_memory(self, target: ModelConfig, draft: ModelConfig | None,
+                     available: int | None = None) -> Estimate:
+        """Refuse (ConfigError) a run that needs more memory than the device has; returns the estimate."""
+        on_gpu = self.device.startswith("cuda")
+        if available is None:
+            available = cuda_available_bytes(self.device) if on_gpu else cpu_available_bytes()
+        where = f"GPU ({self.device})" if on_gpu else "CPU"
+        try:
+            return check_fits(self.run_shape(), target, draft, available, where)
+        except SizingError as e:
+            raise ConfigError(str(e)) from None
+
+    def preflight(self, device: str | None = None) -> EngineConfig:
+        """A validated copy, checked as far as possible without torch: flags, models, and memory when the run is
+        on the CPU (`device` overrides "auto" when the caller knows there is no GPU)."""
+        probe = replace(self, device=device or self.device, faults=frozenset(self.faults))
+        probe.validate(memory=probe.device == "cpu")
+        return probe
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form for the trace's run record."""

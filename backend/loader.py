@@ -7,11 +7,14 @@ import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from .model import LlamaForCausalLM
 from .model_config import ModelConfig
+
+if TYPE_CHECKING:  # torch loads only when a model is built, so path resolution and tokens stay torch-free
+    import torch
+
+    from .model import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +55,49 @@ def resolve_model_path(path_or_name: str | os.PathLike[str]) -> Path:
     return p
 
 
+def check_checkpoint(path_or_name: str | os.PathLike[str]) -> None:
+    """Read config.json and every safetensors header (not the tensors): a damaged file is a ValueError naming it.
+
+    Cheap and torch-free, so `specscope run` refuses a broken checkpoint before torch loads.
+    """
+    folder = resolve_model_path(path_or_name)
+    ModelConfig.from_json(folder / "config.json")
+    for f in _safetensors_files(folder):
+        if not f.is_file():
+            raise ValueError(f"shard {f.name} named in model.safetensors.index.json is missing from {folder}")
+        _check_safetensors_header(f)
+
+
+def _check_safetensors_header(f: Path) -> None:
+    # Layout: 8-byte little-endian header length n, n bytes of JSON {name: {dtype, shape, data_offsets}}, data.
+    size = f.stat().st_size
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{f} is not a safetensors file ({size} bytes, shorter than the 8-byte header length)")
+        n = int.from_bytes(head, "little")
+        if n > size - 8 or n > 100 << 20:
+            raise ValueError(f"{f} is not a readable safetensors file (header length {n} but the file has {size} "
+                             "bytes; truncated or damaged)")
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        entries = [(k, v["data_offsets"]) for k, v in header.items() if k != "__metadata__"]
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, KeyError, TypeError) as e:
+        raise ValueError(f"{f} is not a readable safetensors file (damaged header: {type(e).__name__})") from None
+    data = size - 8 - n
+    for name, off in entries:
+        if not (isinstance(off, list) and len(off) == 2 and all(isinstance(x, int) for x in off)
+                and 0 <= off[0] <= off[1] <= data):
+            raise ValueError(f"{f} is truncated or damaged: tensor {name!r} lies at bytes {off} of a {data}-byte "
+                             "data section")
+
+
 def load_model(
     path_or_name: str | os.PathLike[str],
     *,
     device: torch.device | str = "cpu",
-    dtype: torch.dtype | str = torch.float32,
+    dtype: torch.dtype | str = "float32",
     random_weights: bool = False,
     seed: int = 0,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
@@ -65,6 +106,10 @@ def load_model(
     A folder without *.safetensors, or `random_weights=True`, gives N(0, 0.02) weights seeded by `seed`
     (for benchmarking at real model sizes). Returns the model in eval mode without gradients.
     """
+    import torch
+
+    from .model import LlamaForCausalLM
+
     folder = resolve_model_path(path_or_name)
     config = ModelConfig.from_json(folder / "config.json")
     device = torch.device(device)
@@ -88,42 +133,62 @@ def _safetensors_files(folder: Path) -> list[Path]:
     """Shards named by model.safetensors.index.json, else every *.safetensors in the folder."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [folder / f for f in sorted(set(weight_map.values()))]
+        try:
+            weight_map = json.loads(index.read_bytes().decode("utf-8"))["weight_map"]
+            return [folder / f for f in sorted(set(weight_map.values()))]
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{index} is not valid UTF-8 JSON ({e})") from None
+        except (KeyError, TypeError, AttributeError):
+            raise ValueError(f"{index} has no \"weight_map\" object of tensor name -> shard file") from None
     return sorted(folder.glob("*.safetensors"))
 
 
-@torch.no_grad()
 def _load_safetensors(model: LlamaForCausalLM, folder: Path, files: list[Path]) -> None:
     """Copy every checkpoint tensor into its parameter (casting dtype); raise on missing/mismatched ones."""
-    from safetensors import safe_open
+    import torch
 
+    with torch.no_grad():
+        _copy_tensors(model, folder, files)
+
+
+def _copy_tensors(model: LlamaForCausalLM, folder: Path, files: list[Path]) -> None:
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for f in files:
         if not f.is_file():
             raise ValueError(f"shard {f.name} named in model.safetensors.index.json is missing from {folder}")
-        with safe_open(str(f), framework="pt", device="cpu") as sf:
-            for name in sf.keys():
-                if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and model.lm_head is None):
-                    continue
-                if name not in params:
-                    raise ValueError(
-                        f"checkpoint tensor {name!r} in {f.name} has no counterpart in a "
-                        f"{model.config.architectures[0]} with this config.json (architecture mismatch?)"
-                    )
-                t = sf.get_tensor(name)
-                if tuple(t.shape) != tuple(params[name].shape):
-                    raise ValueError(
-                        f"tensor {name!r} has shape {list(t.shape)} in {f.name} but config.json implies "
-                        f"{list(params[name].shape)}"
-                    )
-                params[name].copy_(t)
-                loaded.add(name)
+        try:
+            _copy_file(f, params, loaded, model)
+        except ValueError:
+            raise
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError, OSError, ...
+            raise ValueError(f"{f} is not a readable safetensors file ({type(e).__name__}: {e})") from None
     missing = [n for n in params if n not in loaded]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ValueError(f"checkpoint in {folder} lacks tensor {missing[0]!r}{more}")
+
+
+def _copy_file(f: Path, params: dict[str, torch.nn.Parameter], loaded: set[str], model: LlamaForCausalLM) -> None:
+    from safetensors import safe_open
+
+    with safe_open(str(f), framework="pt", device="cpu") as sf:
+        for name in sf.keys():
+            if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and model.lm_head is None):
+                continue
+            if name not in params:
+                raise ValueError(
+                    f"checkpoint tensor {name!r} in {f.name} has no counterpart in a "
+                    f"{model.config.architectures[0]} with this config.json (architecture mismatch?)"
+                )
+            t = sf.get_tensor(name)
+            if tuple(t.shape) != tuple(params[name].shape):
+                raise ValueError(
+                    f"tensor {name!r} has shape {list(t.shape)} in {f.name} but config.json implies "
+                    f"{list(params[name].shape)}"
+                )
+            params[name].copy_(t)
+            loaded.add(name)
 
 
 def tokenizer_kind(config: ModelConfig) -> str:

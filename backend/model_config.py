@@ -57,48 +57,66 @@ class ModelConfig:
         if path.is_dir():
             path = path / "config.json"
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_bytes().decode("utf-8"))
+        except OSError as e:
+            raise ValueError(f"{path}: cannot read ({e.strerror or e})") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from e
-        return cls.from_dict(data)
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        """Build from an HF config dict; unsupported architectures or RoPE types raise ValueError."""
+        """Build from an HF config dict; unsupported architectures, RoPE types or bad field values raise ValueError."""
+        if not isinstance(d, dict):
+            raise ValueError(f"config.json must hold a JSON object, not {type(d).__name__} {_short(d)}")
         model_type = _model_type(d)
         required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
         missing = [k for k in (*required, "num_attention_heads") if d.get(k) is None]
         if missing:
             raise ValueError(f"config.json lacks required field(s) {', '.join(missing)}")
-        heads = int(d["num_attention_heads"])
-        kv_heads = int(d.get("num_key_value_heads") or heads)
+        heads = _positive_int(d, "num_attention_heads")
+        kv_heads = _positive_int(d, "num_key_value_heads", heads)
+        hidden = _positive_int(d, "hidden_size")
+        if d.get("head_dim") is None and hidden % heads:
+            raise ValueError(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads} "
+                             "(set head_dim)")
         if heads % kv_heads:
             raise ValueError(f"num_attention_heads={heads} is not a multiple of num_kv_heads={kv_heads}")
         if model_type == "qwen2" and d.get("use_sliding_window"):
             raise ValueError("Qwen2 with use_sliding_window=true is not supported (sliding-window attention)")
         # transformers>=4.56 may nest rope settings under `rope_parameters`.
         rope_params = d.get("rope_parameters") or {}
-        rope_theta = float(d.get("rope_theta") or rope_params.get("rope_theta") or 10000.0)
+        if not isinstance(rope_params, dict):
+            raise ValueError(f"field \"rope_parameters\" must be an object, got {_short(rope_params)}")
+        if d.get("rope_theta") is None and rope_params.get("rope_theta") is not None:
+            d = {**d, "rope_theta": rope_params["rope_theta"]}
+        rope_theta = _positive_float(d, "rope_theta", 10000.0)
         rope_scaling = _rope_scaling(d.get("rope_scaling") or (rope_params if rope_params else None))
-        explicit_bias = bool(d.get("attention_bias", False))
+        explicit_bias = _bool(d, "attention_bias")
+        vocab = _positive_int(d, "vocab_size")
         return cls(
-            vocab_size=int(d["vocab_size"]),
-            hidden_size=int(d["hidden_size"]),
-            intermediate_size=int(d["intermediate_size"]),
-            num_hidden_layers=int(d["num_hidden_layers"]),
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=_positive_int(d, "intermediate_size"),
+            num_hidden_layers=_positive_int(d, "num_hidden_layers"),
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
-            head_dim=int(d.get("head_dim") or d["hidden_size"] // heads),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            head_dim=_positive_int(d, "head_dim", hidden // heads),
+            rms_norm_eps=_positive_float(d, "rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            max_position_embeddings=_positive_int(d, "max_position_embeddings", 2048),
+            tie_word_embeddings=_bool(d, "tie_word_embeddings"),
             attention_bias=explicit_bias or model_type == "qwen2",
             o_proj_bias=explicit_bias and model_type == "llama",
-            mlp_bias=bool(d.get("mlp_bias", False)),
-            eos_token_id=d.get("eos_token_id"),
-            bos_token_id=d.get("bos_token_id"),
+            mlp_bias=_bool(d, "mlp_bias"),
+            eos_token_id=_token_ids(d, "eos_token_id", vocab),
+            bos_token_id=_token_ids(d, "bos_token_id", vocab, allow_list=False),
             torch_dtype=d.get("torch_dtype") or d.get("dtype"),
             model_type=model_type,
             architectures=list(d.get("architectures") or [_arch_for(model_type)]),
@@ -134,8 +152,56 @@ class ModelConfig:
         return d
 
 
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _positive_int(d: dict[str, Any], key: str, default: int | None = None) -> int:
+    """`d[key]` as an int >= 1 (null or absent: `default`); anything else names the field."""
+    v = d.get(key)
+    if v is None and default is not None:
+        return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"field \"{key}\" must be a positive integer, got {_short(v)}")
+    return v
+
+
+def _positive_float(d: dict[str, Any], key: str, default: float) -> float:
+    v = d.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+        raise ValueError(f"field \"{key}\" must be a positive number, got {_short(v)}")
+    return float(v)
+
+
+def _bool(d: dict[str, Any], key: str) -> bool:
+    v = d.get(key)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise ValueError(f"field \"{key}\" must be true or false, got {_short(v)}")
+    return v
+
+
+def _token_ids(d: dict[str, Any], key: str, vocab: int, allow_list: bool = True) -> Any:
+    v = d.get(key)
+    ids = v if allow_list and isinstance(v, list) else [v]
+    if v is None:
+        return None
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
+        kind = "a token id or a list of token ids" if allow_list else "a token id"
+        raise ValueError(f"field \"{key}\" must be {kind} in [0, {vocab}), got {_short(v)}")
+    return v
+
+
 def _model_type(d: dict[str, Any]) -> str:
     archs = d.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ValueError(f"field \"architectures\" must be a list of names, got {_short(archs)}")
     for arch in archs:
         if arch in SUPPORTED_ARCHITECTURES:
             return SUPPORTED_ARCHITECTURES[arch]
@@ -159,6 +225,8 @@ def _rope_scaling(rs: dict[str, Any] | None) -> dict[str, Any] | None:
     """Validate a `rope_scaling` block; the "default" type means no scaling."""
     if rs is None:
         return None
+    if not isinstance(rs, dict):
+        raise ValueError(f"field \"rope_scaling\" must be an object or null, got {_short(rs)}")
     kind = rs.get("rope_type", rs.get("type", "default"))
     if kind not in SUPPORTED_ROPE_TYPES:
         supported = ", ".join(SUPPORTED_ROPE_TYPES)

@@ -30,9 +30,17 @@ def _version() -> str:
         return "unknown"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: the line that matters, then where the full usage is."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        _error(f"{message} (see `{self.prog} --help`)")
+        sys.exit(EXIT_UNREADABLE)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with every registered subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="specscope",
         description="Record, check and inspect speculative-decoding steps of a TRTLLM MHA attention backend.",
     )
@@ -59,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(e))
         return EXIT_UNREADABLE
     except KeyboardInterrupt:
+        # Subcommands that write files say where their output is; this is the fallback.
+        print("specscope: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `specscope info t.db | head`: the reader went away; say nothing.

@@ -7,15 +7,16 @@ import os
 import sys
 import time
 
-from .cmd_run import add_run_arguments
+from .cmd_run import DefaultsHelpFormatter, add_run_arguments
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `demo`."""
     p = subparsers.add_parser("demo", help="run the embedded tiny models and record a trace (no arguments needed)",
                               description="Run the embedded byte-level target and draft models through the "
-                                          "instrumented backend, record a trace, and check it.")
-    add_run_arguments(p)
+                                          "instrumented backend, record a trace, and check it.",
+                              formatter_class=DefaultsHelpFormatter)
+    add_run_arguments(p, default_output="specscope-demo-<time>.db")
     p.set_defaults(run=run)
 
 

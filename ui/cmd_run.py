@@ -7,60 +7,81 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
+from typing import TextIO
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to each option whose help does not state it and whose default says something."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        h = action.help or ""
+        d = action.default
+        if ("default" in h or d is None or d is False or d is argparse.SUPPRESS or d == []
+                or action.option_strings == [] or isinstance(action, argparse._StoreConstAction)):
+            return h
+        shown = ",".join(map(str, d)) if isinstance(d, tuple) else d
+        return f"{h} (default: {shown})"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `run`."""
     p = subparsers.add_parser("run", help="run draft/verify steps on the GPU (or CPU) and record a trace",
                               description="Run speculative decoding through the instrumented TRTLLM MHA backend "
-                                          "and record every step into a trace.")
+                                          "and record every step into a trace.",
+                              formatter_class=DefaultsHelpFormatter)
     add_run_arguments(p)
     p.set_defaults(run=run)
 
 
-def add_run_arguments(p: argparse.ArgumentParser) -> None:
+def add_run_arguments(p: argparse.ArgumentParser, default_output: str = "specscope-<time>.db") -> None:
     """The engine's flags (shared by `run` and `demo`)."""
     g = p.add_argument_group("models")
-    g.add_argument("--model", default="tiny", help="target: a folder with config.json (+ safetensors), or 'tiny'")
-    g.add_argument("--draft", default="tiny", help="draft: a folder, or 'tiny' (the embedded draft)")
+    g.add_argument("--model", default="tiny",
+                   help="target: a folder with config.json (+ safetensors), or 'tiny' = the embedded target")
+    g.add_argument("--draft", default=None,
+                   help="draft: a folder, or 'tiny' / 'tiny-draft' = the embedded draft (default: the embedded "
+                        "draft; unused with --spec-steps 0)")
     g.add_argument("--random-weights", action="store_true",
                    help="ignore safetensors and use seeded random weights (benchmarks at real model sizes)")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "float64"],
                    help="model and KV dtype (auto: bfloat16 on a GPU, float32 on the CPU)")
     g = p.add_argument_group("batch")
-    g.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
-    g.add_argument("--batch-size", type=int, default=4, help="most requests running at once (default 4)")
-    g.add_argument("--requests", type=int, default=8, help="requests to serve (default 8)")
-    g.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per request (default 32)")
+    g.add_argument("--device", default="auto", help="auto (the GPU when torch sees one), cpu, cuda or cuda:N")
+    g.add_argument("--batch-size", type=int, default=4,
+                   help="most requests running at once (capped at --requests)")
+    g.add_argument("--requests", type=int, default=8, help="requests to serve")
+    g.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per request")
     g.add_argument("--prompt-len", type=_pair, default=(24, 160), metavar="MIN,MAX",
-                   help="prompt length range in tokens (default 24,160)")
+                   help="prompt length range in tokens")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop requests at the model's EOS token")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="seeds prompts, arrivals, random weights and sampling")
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--spec-steps", type=int, default=3, help="draft steps N per iteration; 0 = plain decode")
-    g.add_argument("--verify-tokens", type=int, default=0, metavar="T",
-                   help="tokens per request the verify runner captures (default N+1 = K); a different T "
-                        "re-creates adaptive-spec setups where T != K")
+    g.add_argument("--verify-tokens", type=int, default=None, metavar="T",
+                   help="tokens per request the verify runner captures, 2..16 (default: N+1 = K); a different "
+                        "T re-creates adaptive-spec setups where T != K")
     g.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy acceptance; > 0 = speculative rejection sampling")
     g = p.add_argument_group("backend")
-    g.add_argument("--page-size", type=int, default=64, choices=[16, 32, 64, 128])
+    g.add_argument("--page-size", type=int, default=64, choices=[16, 32, 64, 128], help="KV page size in tokens")
     g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="capture/replay decode, draft decode and verify (emulated on the CPU)")
     g.add_argument("--plan-stream", action=argparse.BooleanOptionalAction, default=False,
                    help="prepare verify / draft-extend metadata on a second stream, overlapping the draft")
-    g.add_argument("--prefill-kernel", default="fmha_v2", choices=["fmha_v2", "flashinfer"],
-                   help="SM90 extend kernel: TRT-LLM FMHAv2 paged prefill, or flashinfer's paged prefill")
+    g.add_argument("--prefill-kernel", default=None, choices=["fmha_v2", "flashinfer"],
+                   help="SM90 extend kernel: TRT-LLM FMHAv2 paged prefill, or flashinfer's paged prefill "
+                        "(default: fmha_v2; GPU only)")
     g.add_argument("--inject", action="append", default=[], metavar="FAULT",
                    help="switch on a known bug class (repeatable); see --list-faults")
     g.add_argument("--list-faults", action="store_true", help="list the injectable faults and exit")
     g = p.add_argument_group("output")
-    g.add_argument("-o", "--output", metavar="TRACE", help="trace file to write (default specscope-<time>.db)")
+    g.add_argument("-o", "--output", metavar="TRACE", help=f"trace file to write (default: {default_output})")
     g.add_argument("--overwrite", action="store_true", help="replace TRACE if it exists")
     g.add_argument("--no-trace", action="store_true", help="record nothing (the plain backend)")
     g.add_argument("--record-attention", type=int, default=0, metavar="N",
                    help="every N steps keep layer 0's attention inputs and outputs, for `check`'s differential "
-                        "test (sampled steps sync the GPU once)")
+                        "test (sampled steps sync the GPU once; default: 0 = off)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -83,39 +104,135 @@ def list_faults() -> int:
     return 0
 
 
-def config_from_args(args: argparse.Namespace):  # -> EngineConfig (torch import deferred)
+def config_from_args(args: argparse.Namespace):  # -> EngineConfig (torch-free)
     """Build the engine config from parsed flags."""
     from specscope.backend.engine_config import EngineConfig
     from specscope.backend.faults import parse_faults
 
+    draft = args.draft or "tiny"
+    draft = "tiny-draft" if draft == "tiny" else draft
     return EngineConfig(
-        model=args.model, draft=("tiny-draft" if args.draft == "tiny" else args.draft) if args.spec_steps else None,
+        model=args.model, draft=draft if args.spec_steps else None,
         device=args.device, dtype=args.dtype, batch_size=args.batch_size, num_requests=args.requests,
-        max_new_tokens=args.max_new_tokens, spec_steps=args.spec_steps, verify_tokens=args.verify_tokens,
-        page_size=args.page_size, cuda_graph=args.cuda_graph, plan_stream=args.plan_stream, seed=args.seed,
-        temperature=args.temperature, faults=parse_faults(args.inject), prompt_len=args.prompt_len,
-        prefill_kernel=args.prefill_kernel, ignore_eos=args.ignore_eos, record_attention=args.record_attention)
+        max_new_tokens=args.max_new_tokens, spec_steps=args.spec_steps,
+        verify_tokens=_verify_tokens(args), page_size=args.page_size, cuda_graph=args.cuda_graph,
+        plan_stream=args.plan_stream, seed=args.seed, temperature=args.temperature,
+        faults=parse_faults(args.inject), prompt_len=args.prompt_len, prefill_kernel=args.prefill_kernel or "fmha_v2",
+        ignore_eos=args.ignore_eos, record_attention=args.record_attention)
+
+
+def _verify_tokens(args: argparse.Namespace) -> int:
+    t = args.verify_tokens
+    if t is None:
+        return 0  # EngineConfig's "K"
+    if args.spec_steps and not 2 <= t <= 16:
+        raise ValueError(f"--verify-tokens must be between 2 and 16, got {t}")
+    if not args.spec_steps:
+        raise ValueError(f"--verify-tokens {t} needs --spec-steps > 0 (plain decode has no verify)")
+    return t
+
+
+def check_flags(args: argparse.Namespace) -> list[str]:
+    """Flag combinations that cannot mean what was asked: raise ValueError, or return warnings to print."""
+    warnings = []
+    if args.output is not None and not args.output.strip():
+        raise ValueError("-o/--output needs a file name")
+    if args.no_trace:
+        if args.output is not None:
+            raise ValueError("--no-trace records nothing, so -o/--output would be ignored; pass one of them")
+        if args.record_attention:
+            raise ValueError("--record-attention keeps attention in the trace, but --no-trace records nothing")
+        if args.overwrite:
+            warnings.append("--overwrite does nothing with --no-trace")
+        if args.inject:
+            warnings.append("--inject with --no-trace: the fault bites, but no trace records it for `check`")
+    if not args.spec_steps:
+        if args.draft is not None:
+            warnings.append("--draft is unused with --spec-steps 0 (plain decode)")
+        if args.plan_stream:
+            warnings.append("--plan-stream does nothing with --spec-steps 0 (it plans verify and draft extend)")
+    if args.prefill_kernel and args.device == "cpu":
+        warnings.append("--prefill-kernel picks a GPU kernel; the CPU runs the reference kernels")
+    if args.batch_size > args.requests >= 1:
+        warnings.append(f"--batch-size {args.batch_size} capped at --requests {args.requests} (more running slots "
+                        "than requests would only allocate memory and capture unused graphs)")
+    return warnings
+
+
+def check_output(out: str, overwrite: bool) -> None:
+    """The trace path can be written: not a directory, its folder exists, no accidental overwrite."""
+    if os.path.isdir(out):
+        raise ValueError(f"{out} is a directory; -o needs a trace file name")
+    if os.path.exists(out) and not overwrite:
+        raise ValueError(f"{out} already exists (pass --overwrite to replace it)")
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise ValueError(f"cannot write {out}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"cannot write {out}: folder {parent} is not writable")
+
+
+def _gpu_visible_without_torch() -> bool:
+    # Device nodes of the NVIDIA driver (or WSL's): without them torch cannot see a CUDA GPU either.
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/proc/driver/nvidia"))
+
+
+def preflight(args: argparse.Namespace) -> tuple[object, list[str]]:
+    """Validate flags, model configs, checkpoints and (CPU) memory without torch; (config, warnings)."""
+    from specscope.backend.loader import check_checkpoint
+
+    warnings = check_flags(args)
+    cfg = config_from_args(args)
+    guess = "cpu" if cfg.device == "auto" and not _gpu_visible_without_torch() else None
+    cfg.preflight(device=guess)
+    if not args.random_weights:
+        for m in (cfg.model, cfg.draft if cfg.spec_steps else None):
+            if m is not None:
+                check_checkpoint(m)
+    return cfg, warnings
 
 
 class Progress:
-    """A one-line progress bar on stderr (only when stderr is a terminal)."""
+    """A one-line progress bar on stderr (only when stderr is a terminal).
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self.t0 = time.perf_counter()
+    The rate counts from the first finished iteration (model loading and graph capture are not generation),
+    and `close` redraws the bar with the run's final throughput, so the bar and the summary agree.
+    """
+
+    def __init__(self, enabled: bool, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = enabled and (stream is not None or sys.stderr.isatty())
+        self.clock = clock
+        self.first: tuple[float, int] | None = None
+        self.last = (0, 1)
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
             return
+        now = self.clock()
+        if self.first is None:
+            self.first = (now, done)
+            rate = None
+        else:
+            rate = (done - self.first[1]) / max(now - self.first[0], 1e-9)
+        self.last = (done, total)
+        self._draw(done, total, rate)
+
+    def _draw(self, done: int, total: int, rate: float | None) -> None:
         frac = min(done / max(total, 1), 1.0)
         bar = "#" * int(frac * 30)
-        rate = done / max(time.perf_counter() - self.t0, 1e-9)
-        sys.stderr.write(f"\r[{bar:<30s}] {done}/{total} tokens  {rate:,.0f} tok/s")
-        sys.stderr.flush()
+        shown = f"{rate:,.0f} tok/s" if rate is not None else "..."
+        self.stream.write(f"\r[{bar:<30s}] {done}/{total} tokens  {shown}")
+        self.stream.flush()
 
-    def close(self) -> None:
+    def close(self, final_rate: float | None = None) -> None:
+        """End the bar's line (with the final rate, when the run finished)."""
         if self.enabled:
-            sys.stderr.write("\n")
+            if final_rate is not None:
+                self._draw(*self.last, final_rate)
+            self.stream.write("\n")
+            self.enabled = False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,15 +240,16 @@ def run(args: argparse.Namespace) -> int:
     if args.list_faults:
         return list_faults()
     try:
-        cfg = config_from_args(args)
-    except ValueError as e:
-        print(f"specscope: error: {e}", file=sys.stderr)
+        cfg, warnings = preflight(args)
+        out = None if args.no_trace else (args.output or time.strftime("specscope-%Y%m%d-%H%M%S.db"))
+        if out:
+            check_output(out, args.overwrite)
+    except ValueError as e:  # ConfigError, SizingError, a bad config.json or checkpoint: one sentence
+        print(f"specscope: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    out = None if args.no_trace else (args.output or time.strftime("specscope-%Y%m%d-%H%M%S.db"))
-    if out and os.path.exists(out) and not args.overwrite:
-        print(f"specscope: error: {out} already exists (pass --overwrite to replace it)", file=sys.stderr)
-        return 2
-    from specscope.backend.engine_config import ConfigError  # noqa: F401 - a ValueError, listed for readers
+    for w in warnings:
+        print(f"specscope: warning: {w}", file=sys.stderr)
+    from specscope.backend.engine_config import ConfigError
     from specscope.backend.session import run_session
 
     progress = Progress(not args.quiet)
@@ -140,24 +258,34 @@ def run(args: argparse.Namespace) -> int:
         res = run_session(cfg, out, command=command, overwrite=args.overwrite, progress=progress,
                           random_weights=args.random_weights)
     except (ConfigError, FileNotFoundError, ValueError, ImportError) as e:
-        # Bad flags, a missing model folder, a kernel rejecting its arguments, no flashinfer: one sentence.
+        # A kernel rejecting its arguments, no flashinfer, no GPU: one sentence.
         progress.close()
         print(f"specscope: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    progress.close()
+    except KeyboardInterrupt:
+        progress.close()
+        where = f"; the steps recorded so far are in {out} (specscope info {out})" if out and os.path.exists(out) \
+            else ""
+        print(f"specscope: interrupted{where}", file=sys.stderr)
+        return 130
+    s = res.stats
+    progress.close(s.output_tokens / max(s.wall_s, 1e-9))
     print_summary(res)
     return 0
-
-
 def print_summary(res) -> None:  # res: SessionResult
     """tokens/s, mean accept length, acceptance by position, trace path."""
     s = res.stats
     print(f"device        {res.device_name} ({res.kernels} kernels)")
     print(f"requests      {len(res.requests)}  iterations {s.iterations}  output tokens {s.output_tokens}")
-    print(f"throughput    {s.output_tokens / max(s.wall_s, 1e-9):,.1f} tokens/s over {s.wall_s:.2f} s")
+    print(f"throughput    {s.output_tokens / max(s.wall_s, 1e-9):,.1f} tokens/s over {s.wall_s:.2f} s "
+          "(generation only: model loading and graph capture excluded)")
     if s.mean_accept_length is not None:
-        print(f"accept length {s.mean_accept_length:.3f} tokens per verify (bonus included)")
+        print(f"accept length {s.mean_accept_length:.3f} tokens per verify row (bonus token included)")
+        drafted = s.verify_rows * len(s.accepted_by_position)
+        if drafted:
+            accepted = s.accepted_total - s.verify_rows
+            print(f"draft accept  {accepted / drafted:.1%} of drafted tokens ({accepted}/{drafted}, bonus excluded)")
         rates = [n / s.verify_rows for n in s.accepted_by_position]
-        print("acceptance    " + "  ".join(f"d{j}={r:.2f}" for j, r in enumerate(rates)))
+        print("by position   " + "  ".join(f"d{j}={r:.2f}" for j, r in enumerate(rates)))
     if res.trace_path:
         print(f"trace         {res.trace_path}")
