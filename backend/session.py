@@ -17,6 +17,7 @@ import torch
 from ..tracer.process_writer import ProcessTraceWriter
 from ..tracer.recorder import NullRecorder, Recorder
 from ..tracer.schema import RunInfo
+from .control import ControlledRecorder, ControlPoint, RunStopped
 from .engine import Engine, RunStats
 from .engine_config import ConfigError, EngineConfig
 from .loader import load_model, tokenizer_kind
@@ -86,8 +87,10 @@ def _versions() -> dict[str, str]:
 
 
 def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, overwrite: bool = False,
-                progress: Callable[[int, int], None] | None = None, random_weights: bool = False) -> SessionResult:
-    """Run `cfg` end to end, recording into `trace_path` (no trace when None)."""
+                progress: Callable[[int, int], None] | None = None, random_weights: bool = False,
+                control: ControlPoint | None = None) -> SessionResult:
+    """Run `cfg` end to end, recording into `trace_path` (no trace when None); `control` lets a live viewer
+    pause the engine after each recorded step (backend/control.py)."""
     cfg.device = resolve_device(cfg.device)
     cfg.validate()
     dev = torch.device(cfg.device)
@@ -127,11 +130,18 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
                        git_commit=_git_commit(), start_ns=time.time_ns(), hostname=socket.gethostname())
         writer = ProcessTraceWriter(trace_path, info, overwrite=overwrite)
         recorder = Recorder(writer, dev)
+    if control is not None:
+        recorder = ControlledRecorder(recorder, control)  # type: ignore[assignment]
+    engine = None
     try:
         engine = Engine(cfg, target, draft, kernels, recorder)
         stats = engine.run(requests, progress)
+    except RunStopped:
+        stats = engine.stats if engine is not None else RunStats()  # the viewer stopped the run: a clean end
     finally:
         # Everything recorded so far reaches the file even when the run fails part-way.
         recorder.close()
+        if control is not None:
+            control.close()
     return SessionResult(stats, requests, trace_path, device_name, kernels.name)
 

@@ -31,6 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                           "and record every step into a trace.",
                               formatter_class=DefaultsHelpFormatter)
     add_run_arguments(p)
+    p.add_argument("--control", metavar="SOCKET", help=argparse.SUPPRESS)  # live TUI's channel (docs/tui.md)
     p.set_defaults(run=run)
 
 
@@ -255,8 +256,13 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(not args.quiet)
     command = "specscope " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "specscope run"
     try:
+        control = None
+        if getattr(args, "control", None):  # a live viewer holds the run between forwards (docs/tui.md)
+            from specscope.backend.control import ControlPoint
+
+            control = ControlPoint(args.control)
         res = run_session(cfg, out, command=command, overwrite=args.overwrite, progress=progress,
-                          random_weights=args.random_weights)
+                          random_weights=args.random_weights, control=control)
     except (ConfigError, FileNotFoundError, ValueError, ImportError) as e:
         # A kernel rejecting its arguments, no flashinfer, no GPU: one sentence.
         progress.close()
