@@ -1,0 +1,1 @@
+"""Integrations with the serving systems specscope mirrors (installed as `specscope.integrations`)."""

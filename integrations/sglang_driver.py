@@ -1,0 +1,227 @@
+"""Drive a loaded upstream backend (`sglang_loader`) the way SGLang's graph runners and workers do.
+
+What SGLang's runners do around the backend is reproduced here from their source (0.5.13 paths):
+
+- capture: static buffers with `seq_lens` = the backend's fill value (1), `req_pool_indices` = 0, `out_cache_loc`
+  = 0; the ladder is captured largest batch first (`cuda_graph_runner.py` capture loop, reversed);
+- padded replay (raw bs < captured bs): the same fill values in rows `[raw_bs, bs)` (`CudaGraphRunner.replay_prepare`,
+  `EAGLEDraftCudaGraphRunner.replay` L418-431, `EAGLEDraftExtendCudaGraphRunner.replay` L459-467), then the backend's
+  replay entry: `init_forward_metadata_out_graph(view)` with the real `build_replay_fb_view` (0.5.13) or
+  `init_forward_metadata_replay_cuda_graph(bs, ...)` (0.5.12);
+- spec inputs: the attributes of `EagleDraftInput` / `EagleVerifyInput` / `EagleDraftExtendInput` the backend reads.
+
+Batches come in specscope's `ForwardBatch` form (backend/forward_batch.py) and are translated by
+`upstream_batch`: DRAFT_DECODE becomes SGLang's DECODE with a draft `spec_info`, DRAFT_EXTEND becomes
+DRAFT_EXTEND_V2 (uniform T tokens per request), the other modes keep their names.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..backend.forward_batch import ForwardBatch
+from ..tracer.schema import ForwardMode
+from .sglang_loader import UpstreamBatch, UpstreamSglang
+
+
+@dataclass
+class DraftInput:
+    """What the backend reads of `EagleDraftInput` (draft decode, draft extend v2)."""
+
+    num_tokens_per_req: int = -1
+    num_accept_tokens: torch.Tensor | None = None
+    num_accept_tokens_cpu: list[int] | None = None
+    num_correct_drafts: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+
+    def is_draft_input(self) -> bool:
+        """SpecInput's type test."""
+        return True
+
+    def is_verify_input(self) -> bool:
+        """SpecInput's type test."""
+        return False
+
+
+@dataclass
+class VerifyInput:
+    """What a verify forward carries in `EagleVerifyInput` (the backend reads none of it with topk = 1)."""
+
+    draft_token: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    draft_token_num: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def is_draft_input(self) -> bool:
+        """SpecInput's type test."""
+        return False
+
+    def is_verify_input(self) -> bool:
+        """SpecInput's type test."""
+        return True
+
+
+def upstream_mode(up: UpstreamSglang, mode: ForwardMode) -> Any:
+    """SGLang's ForwardMode for one of ours."""
+    fm = up.ForwardMode
+    return {ForwardMode.DECODE: fm.DECODE, ForwardMode.DRAFT_DECODE: fm.DECODE,
+            ForwardMode.TARGET_VERIFY: fm.TARGET_VERIFY, ForwardMode.EXTEND: fm.EXTEND,
+            ForwardMode.DRAFT_EXTEND: getattr(fm, "DRAFT_EXTEND_V2", fm.DRAFT_EXTEND)}[mode]
+
+
+def upstream_batch(up: UpstreamSglang, fb: ForwardBatch, accept_lens: list[int] | None = None) -> UpstreamBatch:
+    """The SGLang ForwardBatch fields the backend reads, for the same forward as our `fb`."""
+    mode, bs = fb.forward_mode, fb.batch_size
+    spec: Any = None
+    if mode == ForwardMode.DRAFT_DECODE:
+        spec = DraftInput(num_tokens_per_req=1)
+    elif mode == ForwardMode.TARGET_VERIFY:
+        spec = VerifyInput(draft_token=fb.input_ids, positions=fb.positions, draft_token_num=fb.num_tokens // bs)
+    elif mode == ForwardMode.DRAFT_EXTEND:
+        t = fb.num_tokens // bs
+        acc = accept_lens or [t] * bs
+        spec = DraftInput(num_tokens_per_req=t, num_accept_tokens=torch.tensor(acc, dtype=torch.int32,
+                                                                                device=fb.seq_lens.device),
+                          num_accept_tokens_cpu=list(acc), positions=fb.positions)
+    ext = fb.extend_seq_lens_cpu
+    return UpstreamBatch(
+        forward_mode=upstream_mode(up, mode), batch_size=bs, input_ids=fb.input_ids, positions=fb.positions,
+        seq_lens=fb.seq_lens, seq_lens_cpu=fb.seq_lens_cpu, seq_lens_sum=int(fb.seq_lens_cpu[:bs].sum()),
+        req_pool_indices=fb.req_pool_indices, out_cache_loc=fb.out_cache_loc, encoder_lens=None, spec_info=spec,
+        extend_seq_lens=None if ext is None else torch.tensor(ext, dtype=torch.int32, device=fb.seq_lens.device),
+        extend_seq_lens_cpu=None if ext is None else list(ext),
+        extend_prefix_lens_cpu=list(fb.extend_prefix_lens_cpu or [0] * bs) if ext is not None else None,
+        req_to_token_pool=fb.req_to_token_pool, global_num_tokens_cpu=None)
+
+
+def step_backends(backend: Any) -> list[Any]:
+    """The per-step backends of a multi-step draft wrapper, or `[backend]`."""
+    return list(backend.attn_backends) if hasattr(backend, "speculative_num_steps") else [backend]
+
+
+class UpstreamGraphRunner:
+    """Capture and padded replay of one forward kind on an upstream backend (or its multi-step draft wrapper),
+    with the fill values and replay entry points of SGLang's runners. Graphs themselves are not recorded: on a
+    CPU this is the metadata half of capture and replay, which is all the backend does."""
+
+    def __init__(self, up: UpstreamSglang, backend: Any, mode: ForwardMode, *, tokens_per_req: int,
+                 ladder: list[int], device: torch.device | str = "cpu") -> None:
+        self.up, self.backend, self.mode = up, backend, mode
+        self.T = tokens_per_req
+        self.ladder = sorted(set(ladder))
+        self.max_bs = self.ladder[-1]
+        dev = torch.device(device)
+        n = self.max_bs * self.T
+        self.fill = step_backends(backend)[0].get_cuda_graph_seq_len_fill_value()
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.full((self.max_bs,), self.fill, dtype=torch.int32, device=dev)
+        self.seq_lens_cpu = torch.full((self.max_bs,), self.fill, dtype=torch.int32)
+        self.req_pool_indices = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        self.num_accept_tokens = torch.full((self.max_bs,), self.T, dtype=torch.int32, device=dev)
+        self.captured_q_len: dict[tuple[int, int], int | None] = {}  # (bs, step backend) -> max_seq_len_q at capture
+        self.captured: dict[tuple[int, int], Any] = {}  # (bs, step backend) -> the metadata object at capture
+        backend.init_cuda_graph_state(self.max_bs, n)
+
+    def padded_size(self, raw_bs: int) -> int:
+        """Smallest captured size >= raw_bs (`bisect_left` over the ladder, as the runners do)."""
+        return self.ladder[bisect.bisect_left(self.ladder, raw_bs)]
+
+    def _spec(self, bs: int, capture: bool) -> Any:
+        if self.mode == ForwardMode.DRAFT_DECODE:
+            return DraftInput(num_tokens_per_req=1)
+        if self.mode == ForwardMode.TARGET_VERIFY:
+            return VerifyInput(draft_token=self.input_ids[: bs * self.T], positions=self.positions[: bs * self.T],
+                               draft_token_num=self.T)
+        if self.mode == ForwardMode.DRAFT_EXTEND:
+            # Capture uses a synthetic EagleDraftExtendInput without num_tokens_per_req (TMB L520-526 infers it).
+            return DraftInput(num_tokens_per_req=-1, num_accept_tokens=self.num_accept_tokens[:bs])
+        return None
+
+    def capture_all(self) -> None:
+        """Capture every ladder size, largest first."""
+        for bs in reversed(self.ladder):
+            self.capture(bs)
+
+    def capture(self, bs: int) -> UpstreamBatch:
+        """The capture-time metadata of batch size `bs`."""
+        n = bs * self.T
+        self.seq_lens[:bs].fill_(self.fill)
+        self.seq_lens_cpu[:bs].fill_(self.fill)
+        self.req_pool_indices.zero_()
+        self.out_cache_loc.zero_()
+        self.positions.zero_()
+        self.input_ids.zero_()
+        fb = UpstreamBatch(
+            forward_mode=upstream_mode(self.up, self.mode), batch_size=bs, input_ids=self.input_ids[:n],
+            positions=self.positions[:n], seq_lens=self.seq_lens[:bs], seq_lens_cpu=self.seq_lens_cpu[:bs],
+            seq_lens_sum=bs * self.fill, req_pool_indices=self.req_pool_indices[:bs],
+            out_cache_loc=self.out_cache_loc[:n], encoder_lens=None, spec_info=self._spec(bs, True),
+            extend_seq_lens=None, extend_seq_lens_cpu=None, extend_prefix_lens_cpu=None, global_num_tokens_cpu=None)
+        be = self.backend
+        if self.up.api == "out_graph":
+            be.init_forward_metadata_out_graph(fb, in_capture=True)
+        elif self.mode == ForwardMode.DRAFT_DECODE:
+            be.init_forward_metadata_capture_cuda_graph(fb)
+        else:
+            be.init_forward_metadata_capture_cuda_graph(bs, n, fb.req_pool_indices, fb.seq_lens, None,
+                                                        fb.forward_mode, fb.spec_info)
+        for i, sb in enumerate(step_backends(be)):
+            md = sb.forward_metadata
+            self.captured_q_len[(bs, i)] = None if md is None else md.max_seq_len_q
+            self.captured[(bs, i)] = sb.forward_metadata
+        return fb
+
+    def replay_prepare(self, live: UpstreamBatch) -> UpstreamBatch:
+        """Copy a live batch into the static buffers with upstream's padding, then the backend's replay prep."""
+        raw_bs, num_tokens = live.batch_size, int(live.input_ids.shape[0])
+        bs = self.padded_size(raw_bs)
+        n = bs * self.T
+        if bs != raw_bs or n != num_tokens:
+            self.seq_lens.fill_(self.fill)
+            self.out_cache_loc.zero_()
+            self.positions.zero_()
+            self.req_pool_indices.zero_()
+            self.num_accept_tokens.fill_(self.T)
+            self.seq_lens_cpu.fill_(self.fill)
+        self.input_ids[:num_tokens].copy_(live.input_ids)
+        self.positions[:num_tokens].copy_(live.positions)
+        self.seq_lens[:raw_bs].copy_(live.seq_lens)
+        self.seq_lens_cpu[:raw_bs].copy_(live.seq_lens_cpu)
+        self.out_cache_loc[: live.out_cache_loc.shape[0]].copy_(live.out_cache_loc)
+        self.req_pool_indices[:raw_bs].copy_(live.req_pool_indices)
+        spec = live.spec_info
+        if self.mode == ForwardMode.DRAFT_EXTEND and spec is not None and spec.num_accept_tokens is not None:
+            self.num_accept_tokens[:raw_bs].copy_(spec.num_accept_tokens)
+            if bs != raw_bs:
+                spec.num_accept_tokens = self.num_accept_tokens[:bs]
+        seq_sum = None if live.seq_lens_sum is None else live.seq_lens_sum + (bs - raw_bs) * self.fill
+        be, mode = self.backend, upstream_mode(self.up, self.mode)
+        view = UpstreamBatch(
+            batch_size=bs, forward_mode=mode, actual_forward_mode=live.forward_mode, input_ids=self.input_ids[:n],
+            positions=self.positions[:n], req_pool_indices=self.req_pool_indices[:bs], seq_lens=self.seq_lens[:bs],
+            seq_lens_sum=seq_sum, seq_lens_cpu=self.seq_lens_cpu[:bs], encoder_lens=None,
+            out_cache_loc=live.out_cache_loc, spec_info=spec, raw_batch_size=raw_bs)
+        if self.up.api == "out_graph":
+            if self.mode == ForwardMode.TARGET_VERIFY and self.up.build_replay_fb_view is not None:
+                real = self.up.build_replay_fb_view(live, self, bs, raw_bs, n, self.fill, mode, False)
+                real.positions = self.positions[:n]
+                real.raw_batch_size = raw_bs
+                view = UpstreamBatch(**vars(real))
+            be.init_forward_metadata_out_graph(view)
+        elif self.mode == ForwardMode.DRAFT_DECODE:
+            be.init_forward_metadata_replay_cuda_graph(view, bs)
+        else:
+            be.init_forward_metadata_replay_cuda_graph(bs, self.req_pool_indices[:bs], self.seq_lens[:bs], seq_sum,
+                                                       None, mode, spec, seq_lens_cpu=self.seq_lens_cpu[:bs])
+        return view
+
+    @property
+    def encoder_lens(self) -> None:
+        """`build_replay_fb_view` reads buffers.encoder_lens only for encoder-decoder models."""
+        return None
