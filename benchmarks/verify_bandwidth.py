@@ -17,14 +17,26 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-from flashinfer.decode import trtllm_batch_decode_with_kv_cache
-from specscope.backend.attention_layer import AttentionLayer
-from specscope.backend.flashinfer_kernels import FlashinferKernels
-from specscope.backend.forward_batch import ForwardBatch
-from specscope.backend.memory import KVPool, PageAllocator, ReqToTokenPool, RequestKV
-from specscope.backend.trtllm_mha_backend import TRTLLMHABackend
-from specscope.tracer.schema import ForwardMode
+
+def parse_args() -> argparse.Namespace:
+    """The command line (parsed before torch and flashinfer load, so `--help` works on any host)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results/verify_bandwidth.json")
+    ap.add_argument("--bs", type=int, default=64)
+    ap.add_argument("--ctx", type=int, default=4096)
+    return ap.parse_args()
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
+
+import torch  # noqa: E402
+from flashinfer.decode import trtllm_batch_decode_with_kv_cache  # noqa: E402
+from specscope.backend.attention_layer import AttentionLayer  # noqa: E402
+from specscope.backend.flashinfer_kernels import FlashinferKernels  # noqa: E402
+from specscope.backend.forward_batch import ForwardBatch  # noqa: E402
+from specscope.backend.memory import KVPool, PageAllocator, ReqToTokenPool, RequestKV  # noqa: E402
+from specscope.backend.trtllm_mha_backend import TRTLLMHABackend  # noqa: E402
+from specscope.tracer.schema import ForwardMode  # noqa: E402
 
 DEV = torch.device("cuda")
 
@@ -59,11 +71,7 @@ def graphed(fn: Callable[[], object]) -> Callable[[], object]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="benchmarks/results/verify_bandwidth.json")
-    ap.add_argument("--bs", type=int, default=64)
-    ap.add_argument("--ctx", type=int, default=4096)
-    args = ap.parse_args()
+    args = ARGS or parse_args()
     bs, T, hq, hkv, d, page = args.bs, 4, 32, 8, 128, 64
     gen = torch.Generator().manual_seed(0)
     seq = torch.randint(int(args.ctx * 0.85), int(args.ctx * 1.15), (bs,), generator=gen).tolist()
