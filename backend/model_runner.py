@@ -179,6 +179,19 @@ class ModelRunner:
         snap(rec, "attn_kv", kv)
         snap(rec, "attn_page_ids", ids.to(torch.int32))
         snap(rec, "attn_scaling", torch.tensor([self.model.attention_layers[0].scaling], dtype=torch.float32))
+        # The kernel's arguments as forward_decode / forward_extend pass them for this mode, so `replay` and the
+        # differential check re-run one recorded call (fields: tracer/export/attention_call.py CALL_FIELDS).
+        n, mode = fb.num_tokens, fb.forward_mode
+        mask = None
+        if mode in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY):
+            ql = md.kernel_q_len if mode == ForwardMode.TARGET_VERIFY else 1
+            mask = be.spec_mask(n // ql, ql) if mode == ForwardMode.TARGET_VERIFY else None
+            call = [0, ql, be.max_context_len, n // ql, p, n, int(mask is not None)]
+        else:
+            call = [1, md.kernel_q_len, be.max_context_len, md.cu_seqlens_q.shape[0] - 1, p, n, 0]
+        snap(rec, "attn_call", torch.tensor(call, dtype=torch.int64))
+        if mask is not None:
+            snap(rec, "attn_mask", mask.view(torch.int16))  # uint16 has no numpy twin in the recorder
 
     @staticmethod
     def _metadata_tensors(backend: TRTLLMHABackend, fb: ForwardBatch) -> list[tuple[str, torch.Tensor]]:
