@@ -3,41 +3,122 @@
 Measured here: a `TraceWriter` thread in the engine's process made a launch-bound Python loop 15x slower
 (bs-64 steps, 5 per iteration), because its encoding holds the GIL in the loop's way. The engine's side
 of this writer only pickles compact raw steps (numpy columns, no per-request objects) and writes them to a
-pipe; the child turns them into schema records and runs an ordinary `TraceWriter`.
+pipe; the child encodes them straight from those columns with a synchronous `TraceWriter` (no thread: one
+asynchronous boundary, the pipe) and commits whenever its input is momentarily empty.
+
+The child never outlives its purpose: end of input (the engine closed the pipe or died) or a new parent
+(the engine died while another process held the pipe) makes it commit what arrived and exit quietly.
+The engine's side never waits forever: every status read has a deadline, and a child that died is
+reported with its own last words (its stderr) or the signal that killed it.
+
+With `check=True` a second child, `python -m specscope.tracer.live_check TRACE`, follows the trace and
+writes the catalogue's verdicts as the steps are committed; `close()` waits until it has checked the last
+step and keeps its summary in `check_result`.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import select
+import signal
 import struct
 import subprocess
 import sys
-from typing import Any
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import IO, Any
 
 import numpy as np
 
+from . import tables
 from .errors import TraceError
-from .schema import ArraySnapshot, RequestRecord, RequestState, RunInfo, Step, StreamSpan, step_from_parts
+from .schema import (
+    ArraySnapshot,
+    CallError,
+    RequestRecord,
+    RequestState,
+    RunInfo,
+    Step,
+    StreamSpan,
+    StreamWait,
+    Violation,
+    step_from_parts,
+)
 
 REQUEST_INT_COLUMNS = ("request_id", "slot", "seq_len_before", "seq_len_after", "num_q_tokens", "accept_length")
 REQUEST_LIST_COLUMNS = ("draft_tokens", "accepted_tokens")
+STATUS_TIMEOUT_S = 120.0  # a flush or close that takes longer than this is a hung writer, not a slow disk
+CHECK_TIMEOUT_S = 900.0  # the checker may lag a fast run; it gets this long after the writer closed
+_POLL_S = 0.25
+_LEN = struct.Struct("<Q")
+_READ_CHUNK = 1 << 20
+
+
+# -- the recorder's compact step form ---------------------------------------------------------------------
+
+
+def _waits(raw: dict[str, Any]) -> list[tuple[str, str, str]]:
+    out = []
+    for w in raw.get("waits") or ():
+        if isinstance(w, dict):
+            out.append((str(w["stream"]), str(w["on_stream"]), str(w["on_span"])))
+        else:
+            s, on_stream, on_span = w
+            out.append((str(s), str(on_stream), str(on_span)))
+    return out
+
+
+def _errors(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for e in raw.get("errors") or ():
+        out.append(CallError.from_dict(e).to_dict() if isinstance(e, dict) else CallError(*e).to_dict())
+    return out
+
+
+def _arrays(raw: dict[str, Any]) -> list[tuple[str, str, tuple[int, ...], int, np.ndarray]]:
+    out = [(a.name, a.dtype, tuple(a.shape), a.data_ptr, a.values) for pack in raw.get("packs", ())
+           for a in unpack(*pack)]  # fmt: skip
+    out += [(str(n), str(dt), tuple(sh), int(ptr), v) for n, dt, sh, ptr, v in raw.get("arrays", ())]
+    return out
+
+
+def parts_from_raw(raw: dict[str, Any]) -> tables.StepParts:
+    """The columns of a step in the recorder's compact form, without building per-request objects.
+
+    Keys: `header` (Step.header_dict()), `requests` (columns: REQUEST_INT_COLUMNS as int lists or arrays,
+    optional `draft_tokens` / `accepted_tokens` lists of lists), `packs` and `arrays` (snapshots),
+    `spans` ((stream, name, start_ns, end_ns)), `violations` (Violation.to_dict()), and the optional
+    `waits` ((stream, on_stream, on_span) or StreamWait dicts), `errors` ((call, error_type, message, fatal)
+    or CallError dicts) and `faults_fired` (fault names)."""
+    cols = raw.get("requests") or {}
+    n = len(cols["request_id"]) if cols else 0
+    ints = {}
+    for c in REQUEST_INT_COLUMNS:
+        v = cols.get(c)
+        ints[c] = [0] * n if v is None else (v.tolist() if isinstance(v, np.ndarray) else list(v))
+    tup = {c: list(cols[c]) if cols.get(c) is not None and len(cols[c]) else [()] * n for c in REQUEST_LIST_COLUMNS}
+    return tables.StepParts(
+        header=raw["header"], num_requests=n, int_cols=ints, tuple_cols=tup, arrays=_arrays(raw),
+        spans=[(str(s[0]), str(s[1]), int(s[2]), int(s[3])) for s in raw.get("spans", ())],
+        violations=list(raw.get("violations") or ()), waits=_waits(raw), errors=_errors(raw),
+        faults_fired=[str(f) for f in raw.get("faults_fired") or ()],
+    )  # fmt: skip
 
 
 def step_from_raw(raw: dict[str, Any]) -> Step:
     """Build a schema Step from the compact form the recorder sends."""
-    cols = raw["requests"] or {}
-    n = len(cols["request_id"]) if cols else 0
-    reqs = [RequestState(*(int(cols[c][i]) for c in REQUEST_INT_COLUMNS[:5]),
-                         draft_tokens=tuple(cols["draft_tokens"][i]) if cols.get("draft_tokens") else (),
-                         accepted_tokens=tuple(cols["accepted_tokens"][i]) if cols.get("accepted_tokens") else (),
-                         accept_length=int(cols["accept_length"][i]) if "accept_length" in cols else 0).to_dict()
-            for i in range(n)]
-    arrays = [a for pack in raw.get("packs", ()) for a in unpack(*pack)]
-    arrays += [ArraySnapshot(name, dtype, tuple(shape), int(ptr), values) for name, dtype, shape, ptr, values
-               in raw["arrays"]]
-    spans = [StreamSpan(*s).to_dict() for s in raw["spans"]]
-    return step_from_parts(raw["header"], reqs, arrays, spans, raw["violations"])
+    p = parts_from_raw(raw)
+    reqs = [RequestState(*(int(p.int_cols[c][i]) for c in REQUEST_INT_COLUMNS[:5]),
+                         draft_tokens=tuple(int(t) for t in p.tuple_cols["draft_tokens"][i]),
+                         accepted_tokens=tuple(int(t) for t in p.tuple_cols["accepted_tokens"][i]),
+                         accept_length=int(p.int_cols["accept_length"][i])).to_dict()
+            for i in range(p.num_requests)]  # fmt: skip
+    arrays = [ArraySnapshot(name, dtype, tuple(shape), int(ptr), values) for name, dtype, shape, ptr, values in p.arrays]
+    spans = [StreamSpan(*s).to_dict() for s in p.spans]
+    waits = [StreamWait(*w).to_dict() for w in p.waits]
+    return step_from_parts(p.header, reqs, arrays, spans, p.violations, waits, p.errors, p.faults_fired)
 
 
 def unpack(flat: np.ndarray, layout: list[tuple[str, str, tuple[int, ...], int]],
@@ -55,59 +136,144 @@ def unpack(flat: np.ndarray, layout: list[tuple[str, str, tuple[int, ...], int]]
     return out
 
 
-_LEN = struct.Struct("<Q")
+def raw_from_step(step: Step) -> dict[str, Any]:
+    """The compact form of a schema Step (inverse of `step_from_raw`)."""
+    cols: dict[str, Any] = {c: np.array([getattr(r, c) for r in step.requests], dtype=np.int64)
+                            for c in REQUEST_INT_COLUMNS}
+    for c in REQUEST_LIST_COLUMNS:
+        cols[c] = [list(getattr(r, c)) for r in step.requests]
+    return dict(header=step.header_dict(), requests=cols,
+                arrays=[(a.name, a.dtype, a.shape, a.data_ptr, a.values) for a in step.arrays],
+                spans=[(s.stream, s.name, s.start_ns, s.end_ns) for s in step.spans],
+                violations=[v.to_dict() for v in step.violations],
+                waits=[(w.stream, w.on_stream, w.on_span) for w in step.waits],
+                errors=[e.to_dict() for e in step.errors], faults_fired=list(step.faults_fired))
 
 
-def _read_msg(stream: Any) -> Any:
-    head = stream.read(_LEN.size)
-    if len(head) < _LEN.size:
-        raise EOFError
-    (n,) = _LEN.unpack(head)
-    data = stream.read(n)
-    if len(data) < n:
-        raise EOFError
-    return pickle.loads(data)
+# -- the child ------------------------------------------------------------------------------------------------
 
 
-def _child_main() -> None:
+class _Input:
+    """Length-prefixed pickles from a file descriptor, with "is a whole message waiting?" for group commits."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = bytearray()
+        self.eof = False
+        self._ppid = os.getppid()
+
+    def ready(self) -> bool:
+        """A whole message is buffered."""
+        if len(self.buf) < _LEN.size:
+            return False
+        return len(self.buf) >= _LEN.size + _LEN.unpack_from(self.buf)[0]
+
+    def fill(self, block: bool) -> None:
+        """Read what the pipe holds; with `block`, wait for it (watching for the parent's death)."""
+        while not self.eof:
+            r, _, _ = select.select([self.fd], [], [], _POLL_S if block else 0)
+            if r:
+                chunk = os.read(self.fd, _READ_CHUNK)
+                if not chunk:
+                    self.eof = True
+                self.buf += chunk
+                return
+            if not block:
+                return
+            if os.getppid() != self._ppid:  # re-parented: the engine died while someone still holds the pipe
+                self.eof = True
+
+    def take(self) -> Any:
+        """The next whole message (call after `ready()`)."""
+        (n,) = _LEN.unpack_from(self.buf)
+        data = bytes(self.buf[_LEN.size : _LEN.size + n])
+        del self.buf[: _LEN.size + n]
+        return pickle.loads(data)
+
+    def next(self) -> Any:
+        """Block for the next message; EOFError at end of input."""
+        while not self.ready():
+            if self.eof:
+                raise EOFError
+            self.fill(block=True)
+        return self.take()
+
+
+def _child_main() -> int:
     """The writer process: reads length-prefixed pickles on stdin, answers one line per status on stdout."""
     from .writer import TraceWriter
 
-    inp, out = sys.stdin.buffer, sys.stdout
+    # A closed stdout (the engine died) must not end us with a BrokenPipeError traceback: we still commit.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the engine closes us
+    inp = _Input(sys.stdin.fileno())
+    out = sys.stdout
 
     def say(line: str) -> None:
-        out.write(" ".join(line.split()) + "\n")
-        out.flush()
+        try:
+            out.write(" ".join(line.split()) + "\n")
+            out.flush()
+        except (OSError, ValueError):
+            pass  # nobody is listening any more
 
     try:
-        path, run, overwrite = _read_msg(inp)
-        writer = TraceWriter(path, RunInfo.from_dict(run), overwrite=overwrite)
+        path, run, overwrite = inp.next()
+        writer = TraceWriter(path, RunInfo.from_dict(run), overwrite=overwrite, threaded=False)
     except (TraceError, EOFError) as e:
         say(f"error {e}")
-        return
+        return 0
     say("ready")
     err = None
-    try:
-        while True:
-            kind, payload = _read_msg(inp)
+    while True:
+        try:
+            if not inp.ready():
+                inp.fill(block=False)
+            if not inp.ready():
+                # Nothing waiting: commit what arrived (one transaction for a backlog), then block.
+                if err is None:
+                    writer.commit()
+                msg = inp.next()
+            else:
+                msg = inp.take()
+        except EOFError:
+            break  # the engine closed the pipe or died: commit what arrived and stop
+        except TraceError as e:
+            err = err or str(e)
+            continue
+        kind, payload = msg
+        if kind == "close":
+            break
+        if kind == "flush":
+            if err is None:
+                try:
+                    writer.commit()
+                except TraceError as e:
+                    err = str(e)
+            say(f"error {err}" if err else "flushed")
+            continue
+        if err is not None:
+            continue  # keep draining, so the engine's writes never block on a full pipe
+        try:
             if kind == "step":
-                writer.write_step(step_from_raw(payload))
+                writer.write_parts(parts_from_raw(payload))
             elif kind == "request":
                 writer.write_request(RequestRecord.from_dict(payload))
-            elif kind == "flush":
-                writer.flush()
-                say("flushed")
-            elif kind == "close":
-                break
-    except EOFError:
-        pass  # the engine died: commit what arrived
-    except Exception as e:  # noqa: BLE001 - reported to the engine at close
-        err = f"{type(e).__name__}: {e}"
+            elif kind == "violations":
+                vs, source = payload
+                writer.add_violations([Violation.from_dict(v) for v in vs], source)
+        except TraceError as e:
+            err = str(e)
+        except Exception as e:  # noqa: BLE001 - a step the encoder cannot store is reported to the engine
+            err = f"{type(e).__name__}: {e}"
     try:
         writer.close()
     except TraceError as e:
         err = err or str(e)
     say(f"error {err}" if err else "closed")
+    return 0
+
+
+# -- the engine's side ----------------------------------------------------------------------------------------
 
 
 def _grow_pipe(f: Any) -> None:
@@ -120,38 +286,172 @@ def _grow_pipe(f: Any) -> None:
         pass
 
 
+def _tail(f: IO[bytes] | None, limit: int = 400) -> str:
+    """The last meaningful line(s) a child wrote to its stderr file, on one line."""
+    if f is None:
+        return ""
+    try:
+        f.flush()
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - 8192))
+        text = f.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    # A Python traceback ends with "Type: message"; that line is the error's own text.
+    return " ".join(lines[-1].split())[:limit]
+
+
+def _death(proc: subprocess.Popen[bytes], err: IO[bytes] | None, what: str) -> str:
+    """Why a child is gone, in its own words where it left any."""
+    try:
+        rc = proc.wait(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        rc = None
+    said = _tail(err)
+    if rc is not None and rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        how = f"{what} was killed by {name}"
+    elif rc is None:
+        how = f"{what} stopped answering"
+    else:
+        how = f"{what} exited with status {rc}"
+    return f"{how}: {said}" if said else how
+
+
+class _Lines:
+    """Status lines from a child's stdout, read with deadlines (never blocks forever)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.fd = proc.stdout.fileno()  # type: ignore[union-attr]
+        self.buf = b""
+
+    def readline(self, timeout: float) -> str | None:
+        """The next line, or None if the child closed its stdout (died); TimeoutError past `timeout`."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            r, _, _ = select.select([self.fd], [], [], min(_POLL_S, left))
+            if r:
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    return None
+                self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode(errors="replace").strip()
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What the live checker reported when it finished."""
+
+    checked_through: int  # last step index checked (-1: none)
+    num_errors: int
+    num_warnings: int
+
+
 class ProcessTraceWriter:
     """Same role as `TraceWriter` (write_step/write_request/flush/close), running in a child process.
 
     The child is `python -m specscope.tracer.process_writer` with pipes, not a multiprocessing child, so it
-    never re-imports the caller's main module and never inherits a CUDA context."""
+    never re-imports the caller's main module and never inherits a CUDA context. With `check=True` the
+    live checker runs beside it (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike[str], run: RunInfo, *, overwrite: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], run: RunInfo, *, overwrite: bool = False,
+                 check: bool = False, status_timeout: float = STATUS_TIMEOUT_S,
+                 check_timeout: float = CHECK_TIMEOUT_S) -> None:  # fmt: skip
         self.path = os.fspath(path)
         self._closed = False
+        self._dead: str | None = None
+        self.status_timeout = status_timeout
+        self.check_timeout = check_timeout
+        self.check_result: CheckResult | None = None
+        self._checker: subprocess.Popen[bytes] | None = None
+        self._checker_err: IO[bytes] | None = None
+        self._err = tempfile.TemporaryFile()
         self._proc = subprocess.Popen([sys.executable, "-m", "specscope.tracer.process_writer"],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=False)
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
+        self._lines = _Lines(self._proc)
         _grow_pipe(self._proc.stdin)
         self._send_obj((self.path, run.to_dict(), overwrite))
-        kind, msg = self._status()
+        kind, msg = self._status("start")
         if kind != "ready":
             self._proc.wait()
             raise TraceError(msg or "the trace writer process failed to start", self.path)
+        if check:
+            self._start_checker()
 
-    def _status(self) -> tuple[str, str]:
-        line = self._proc.stdout.readline().decode(errors="replace").strip()
+    # -- the checker ---------------------------------------------------------------------------------
+
+    def _start_checker(self) -> None:
+        self._checker_err = tempfile.TemporaryFile()
+        self._checker = subprocess.Popen([sys.executable, "-m", "specscope.tracer.live_check", self.path],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._checker_err)
+
+    def _finish_checker(self) -> str | None:
+        """Tell the checker the run is over, wait for its last verdicts; an error text if it failed."""
+        proc = self._checker
+        if proc is None:
+            return None
+        self._checker = None
+        try:
+            proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        lines = _Lines(proc)
+        last = ""
+        try:
+            while True:
+                line = lines.readline(self.check_timeout)
+                if line is None:
+                    break
+                last = line
+        except TimeoutError:
+            proc.kill()
+            proc.wait()
+            return f"the trace checker did not finish within {self.check_timeout:.0f} s after the run"
+        rc = proc.wait()
+        parts = last.split()
+        if rc == 0 and len(parts) == 4 and parts[0] == "checked":
+            self.check_result = CheckResult(int(parts[1]), int(parts[2]), int(parts[3]))
+            return None
+        return _death(proc, self._checker_err, "the trace checker")
+
+    # -- protocol ------------------------------------------------------------------------------------
+
+    def _status(self, what: str) -> tuple[str, str]:
+        if self._dead:
+            return "error", self._dead
+        try:
+            line = self._lines.readline(self.status_timeout)
+        except TimeoutError:
+            return "error", (f"the trace writer process (pid {self._proc.pid}) did not answer {what} within "
+                             f"{self.status_timeout:.0f} s")
         if not line:
-            return "error", "the trace writer process died"
+            self._dead = _death(self._proc, self._err, "the trace writer process")
+            return "error", self._dead
         kind, _, msg = line.partition(" ")
         return kind, msg
 
     def _send_obj(self, obj: Any) -> None:
+        if self._dead:
+            raise TraceError(self._dead, self.path)
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self._proc.stdin.write(_LEN.pack(len(data)) + data)
-            self._proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise TraceError("the trace writer process died", self.path) from None
+            self._proc.stdin.write(_LEN.pack(len(data)) + data)  # type: ignore[union-attr]
+            self._proc.stdin.flush()  # type: ignore[union-attr]
+        except (BrokenPipeError, OSError, ValueError):
+            self._dead = _death(self._proc, self._err, "the trace writer process")
+            raise TraceError(self._dead, self.path) from None
 
     def _send(self, kind: str, payload: Any) -> None:
         if self._closed:
@@ -159,7 +459,7 @@ class ProcessTraceWriter:
         self._send_obj((kind, payload))
 
     def write_raw_step(self, raw: dict[str, Any]) -> None:
-        """Queue a step in the recorder's compact form (see `step_from_raw`)."""
+        """Queue a step in the recorder's compact form (see `parts_from_raw`)."""
         self._send("step", raw)
 
     def write_step(self, step: Step) -> None:
@@ -173,34 +473,49 @@ class ProcessTraceWriter:
     def flush(self) -> None:
         """Wait until everything sent is committed."""
         self._send("flush", None)
-        kind, msg = self._status()
+        kind, msg = self._status("a flush")
         if kind != "flushed":
             raise TraceError(msg or "the trace writer process failed", self.path)
 
     def close(self) -> None:
-        """Commit everything and stop the process; raises TraceError if writing failed."""
+        """Commit everything, stop the process (and wait for the checker's last verdicts); raises TraceError if
+        writing (or checking) failed. Safe to call again, and after the child died."""
         if self._closed:
             return
-        self._send("close", None)
         self._closed = True
-        kind, msg = self._status()
-        self._proc.stdin.close()
-        self._proc.wait(timeout=120)
+        kind, msg = "error", self._dead or ""
+        if not self._dead:
+            try:
+                self._send_obj(("close", None))
+                kind, msg = self._status("close")
+            except TraceError as e:
+                msg = e.problem
+        try:
+            self._proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout=self.status_timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        check_err = self._finish_checker()
         if kind != "closed":
-            raise TraceError(f"writing the trace failed ({msg})", self.path)
+            raise TraceError(msg if msg.startswith("the trace writer") else f"writing the trace failed ({msg})",
+                             self.path)
+        if check_err:
+            raise TraceError(check_err, self.path)
 
-
-def raw_from_step(step: Step) -> dict[str, Any]:
-    """The compact form of a schema Step (inverse of `step_from_raw`)."""
-    cols: dict[str, Any] = {c: np.array([getattr(r, c) for r in step.requests], dtype=np.int64)
-                            for c in REQUEST_INT_COLUMNS}
-    for c in REQUEST_LIST_COLUMNS:
-        cols[c] = [list(getattr(r, c)) for r in step.requests]
-    return dict(header=step.header_dict(), requests=cols,
-                arrays=[(a.name, a.dtype, a.shape, a.data_ptr, a.values) for a in step.arrays],
-                spans=[(s.stream, s.name, s.start_ns, s.end_ns) for s in step.spans],
-                violations=[v.to_dict() for v in step.violations])
+    def abort(self) -> None:
+        """Stop both children without waiting for a clean close (what arrived so far is committed)."""
+        self._closed = True
+        for p in (self._proc, self._checker):
+            if p is not None and p.poll() is None:
+                try:
+                    p.stdin.close()  # type: ignore[union-attr]
+                except OSError:
+                    pass
 
 
 if __name__ == "__main__":
-    _child_main()
+    sys.exit(_child_main())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import json
 import os
 import pathlib
@@ -16,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
+import zstandard
 
 from . import codec, tables
 from .errors import TraceError, TraceIndexError
@@ -41,7 +41,7 @@ _MAX_BASE_DEPTH = 64  # writers chain at most 8; anything deeper (or a cycle) is
 _ARRAY_CACHE_SIZE = 512
 # What damaged bytes can raise on their way through sqlite3, zlib, json, numpy and the schema types.
 _DAMAGE = (
-    sqlite3.Error, zlib.error, struct.error, ValueError, KeyError, TypeError, IndexError,
+    sqlite3.Error, zlib.error, zstandard.ZstdError, struct.error, ValueError, KeyError, TypeError, IndexError,
     AttributeError, OverflowError, RecursionError, MemoryError,
 )  # fmt: skip
 
@@ -85,6 +85,8 @@ class TraceReader(QueryMixin):
         self._lock = threading.RLock()
         self._arrays: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
         self._count = (0, -(2**63))  # (steps counted, highest index counted) for num_steps()
+        self._zdicts: dict[int, zstandard.ZstdDecompressor] = {}
+        self.major = 0
         check_file(self.path)
         self._conn = self._open()
         try:
@@ -131,6 +133,7 @@ class TraceReader(QueryMixin):
         version = meta.get("schema_version")
         try:
             major, _minor = (int(p) for p in str(version).split("."))
+            self.major = major
         except ValueError:
             raise TraceError(f"damaged: unreadable schema version {version!r}", self.path) from None
         if major > SCHEMA_MAJOR:
@@ -140,7 +143,8 @@ class TraceReader(QueryMixin):
             )
         if major < 1:
             raise TraceError(f"damaged: unknown schema version {version}", self.path)
-        missing = [t for t in tables.REQUIRED_TABLES if t not in names]
+        required = tables.REQUIRED_TABLES_V1 if major < 2 else tables.REQUIRED_TABLES
+        missing = [t for t in required if t not in names]
         if missing:
             raise TraceError(f"damaged: table {missing[0]!r} is missing", self.path)
         return str(version)
@@ -196,24 +200,24 @@ class TraceReader(QueryMixin):
         `arrays` names the array snapshots to decode (None: all of them; `()`: none, for headers, requests,
         spans and errors only)."""
         i = int(i)
+        keep = None if arrays is None else {arrays} if isinstance(arrays, str) else set(arrays)
         with self._guard(f"reading step {i}"):
             rows = self._fetch_steps("s.idx = ?", (i,))
             if not rows:
                 raise TraceIndexError(f"has no step {i} ({self.num_steps()} steps)", self.path)
-            step = self._assemble(rows)[0]
-        if arrays is not None:
-            keep = set(arrays)
-            step = dataclasses.replace(step, arrays=tuple(a for a in step.arrays if a.name in keep))
-        return step
+            return self._assemble(rows, keep)[0]
 
     def steps(self, start: int = 0, stop: int | None = None) -> Iterator[Step]:
         """Steps with start <= index < stop, in index order (fetched in batches)."""
+        return self._steps(start, stop, None)
+
+    def _steps(self, start: int, stop: int | None, keep: set[str] | None) -> Iterator[Step]:
         nxt = int(start)
         while stop is None or nxt < stop:
             with self._guard(f"reading steps from {nxt}"):
                 hi = (2**63 - 1) if stop is None else int(stop)
                 rows = self._fetch_steps("s.idx >= ? AND s.idx < ? ORDER BY s.idx LIMIT ?", (nxt, hi, _BATCH))
-                batch = self._assemble(rows)
+                batch = self._assemble(rows, keep)
             if not batch:
                 return
             yield from batch
@@ -248,21 +252,33 @@ class TraceReader(QueryMixin):
         sql = f"SELECT {cols}, b.body FROM steps s LEFT JOIN step_bodies b ON b.idx = s.idx WHERE {where}"
         return self._conn.execute(sql, params).fetchall()
 
-    def _assemble(self, rows: list[tuple[Any, ...]]) -> list[Step]:
+    def _assemble(self, rows: list[tuple[Any, ...]], keep: set[str] | None = None) -> list[Step]:
         bodies = []
         for r in rows:
             if r[-1] is None:
                 raise TraceError(f"damaged: the body of step {r[0]} is missing")
-            bodies.append(tables.Body(r[-1]))
-        arrays = self._load_arrays({d for body in bodies for d in body.blob_digests()})
+            bodies.append(tables.Body(r[-1], self._zdict))
+        # Only the blobs of the arrays asked for are fetched and decoded.
+        arrays = self._load_arrays({d for body in bodies for d in body.blob_digests(keep)})
         steps = []
         for r, body in zip(rows, bodies, strict=True):
             try:
-                steps.append(tables.step_from_row(r[:-1], body, arrays))
+                steps.append(tables.step_from_row(r[:-1], body, arrays, keep))
             except _DAMAGE as e:
                 problem = f"damaged: step {r[0]} cannot be decoded ({type(e).__name__}: {e})"
                 raise TraceError(problem) from None
         return steps
+
+    def _zdict(self, dict_id: int) -> zstandard.ZstdDecompressor:
+        d = self._zdicts.get(dict_id)
+        if d is None:
+            row = None
+            if self.major >= 2:
+                row = self._conn.execute("SELECT data FROM zdicts WHERE id = ?", (int(dict_id),)).fetchone()
+            if row is None or not isinstance(row[0], bytes):
+                raise TraceError(f"damaged: compression dictionary {dict_id} is missing")
+            d = self._zdicts[dict_id] = zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(row[0]))
+        return d
 
     def _load_arrays(self, digests: set[bytes]) -> dict[bytes, np.ndarray]:
         cache = self._arrays
@@ -380,14 +396,24 @@ class TraceReader(QueryMixin):
             conds.append("severity = ?")
             params.append(Severity(severity).value)
         where = (" WHERE " + " AND ".join(conds)) if conds else ""
+        # Schema 1 has no cell columns: they read as NULL.
+        cells = "array, row, col, found, expected" if self.major >= 2 else "NULL, NULL, NULL, NULL, NULL"
         with self._guard("reading violations"):
-            sql = f"SELECT step, check_id, severity, request_id, message FROM violations{where}"
+            sql = f"SELECT step, check_id, severity, request_id, message, {cells} FROM violations{where}"
             rows = self._conn.execute(sql + " ORDER BY step, id", params).fetchall()
             return [
                 Violation(check_id=str(c), severity=Severity(sev), step=int(s), message=str(m),
-                          request_id=None if rq is None else int(rq))
-                for s, c, sev, rq, m in rows
+                          request_id=None if rq is None else int(rq), array=None if a is None else str(a),
+                          row=None if row is None else int(row), col=None if col is None else int(col),
+                          found=None if fo is None else str(fo), expected=None if ex is None else str(ex))
+                for s, c, sev, rq, m, a, row, col, fo, ex in rows
             ]  # fmt: skip
+
+    def violation_sources(self) -> dict[str, int]:
+        """Number of violations per source (`recorder`, `check`, ...)."""
+        with self._guard("counting violations"):
+            rows = self._conn.execute("SELECT source, count(*) FROM violations GROUP BY source").fetchall()
+            return {str(k): int(n) for k, n in rows}
 
     def count_violations_by_id(self) -> dict[str, int]:
         """Number of violations per check id."""
@@ -396,59 +422,87 @@ class TraceReader(QueryMixin):
             rows = self._conn.execute(sql).fetchall()
             return {str(k): int(n) for k, n in rows}
 
-    # -- query hooks (tracer/query.py); first implementation over the v1 tables ------------------------
+    # -- query hooks (tracer/query.py): SQL over the schema 2 tables; body decoding only for schema 1 ------
 
     def _q_summary_rows(self, start: int, stop: int | None, filter: StepFilter | None, *,
                         backward: bool = False) -> Iterator[StepSummary]:
-        conds, params = ["s.idx >= ?", "s.idx < ?"], [int(start), (2**63 - 1) if stop is None else int(stop)]
+        lo, hi = max(int(start), 0), (2**63 - 1) if stop is None else int(stop)
+        conds: list[str] = []
+        params: list[Any] = []
         f = filter
+        driver: tuple[str, list[Any]] | None = None  # a selective table that lists candidate steps in order
+        slow_request: int | None = None
         if f is not None:
             for col, val in (("mode", f.mode), ("model", f.model), ("graph", f.graph), ("iteration", f.iteration)):
                 if val is not None:
                     conds.append(f"s.{col} = ?")
                     params.append(val)
+            subs: list[tuple[str, list[Any]]] = []
+            if f.request_id is not None:
+                if self.major >= 2:
+                    subs.append(("step_requests WHERE request_id = ?", [int(f.request_id)]))
+                else:
+                    slow_request = int(f.request_id)
             if f.check_id is not None:
-                conds.append("EXISTS (SELECT 1 FROM violations v WHERE v.step = s.idx AND v.check_id = ?)")
-                params.append(f.check_id)
+                subs.append(("violations WHERE check_id = ?", [str(f.check_id)]))
             if f.severity is not None:
-                conds.append("EXISTS (SELECT 1 FROM violations v WHERE v.step = s.idx AND v.severity = ?)")
-                params.append(Severity(f.severity).value)
+                subs.append(("violations WHERE severity = ?", [Severity(f.severity).value]))
             if f.has_violation:
-                conds.append("EXISTS (SELECT 1 FROM violations v WHERE v.step = s.idx)")
+                subs.append(("violations WHERE 1", []))
+            if subs:
+                driver = subs[0]
+                for table_where, p in subs[1:]:
+                    conds.append(f"EXISTS (SELECT 1 FROM {table_where} AND step = s.idx)")
+                    params.extend(p)
         cols = ", ".join(f"s.{c}" for c in tables.HEADER_COLUMNS)
         nerr = "(SELECT count(*) FROM violations v WHERE v.step = s.idx AND v.severity = 'error')"
         nwarn = "(SELECT count(*) FROM violations v WHERE v.step = s.idx AND v.severity = 'warning')"
         order = "DESC" if backward else "ASC"
-        lo, hi = params[0], params[1]
+        select = f"SELECT {cols}, s.accept_hist, {nerr}, {nwarn} FROM steps s WHERE "
+        extra = "".join(f" AND {c}" for c in conds)
+        page = _BATCH * 4
         while lo < hi:
-            p = [lo, hi] + params[2:]
-            sql = (f"SELECT {cols}, s.accept_hist, {nerr}, {nwarn} FROM steps s WHERE {' AND '.join(conds)}"
-                   f" ORDER BY s.idx {order} LIMIT {_BATCH * 8}")
             with self._guard(f"reading step summaries from {lo}"):
-                rows = self._conn.execute(sql, p).fetchall()
+                if driver is not None:
+                    table_where, p = driver
+                    cand = [r[0] for r in self._conn.execute(
+                        f"SELECT DISTINCT step FROM {table_where} AND step >= ? AND step < ? ORDER BY step {order}"
+                        f" LIMIT {page}", [*p, lo, hi])]  # fmt: skip
+                    if not cand:
+                        return
+                    marks = ", ".join("?" * len(cand))
+                    rows = self._conn.execute(f"{select}s.idx IN ({marks}){extra} ORDER BY s.idx {order}",
+                                              [*cand, *params]).fetchall()
+                    last, more = int(cand[-1]), len(cand) == page
+                else:
+                    rows = self._conn.execute(f"{select}s.idx >= ? AND s.idx < ?{extra} ORDER BY s.idx {order}"
+                                              f" LIMIT {page}", [lo, hi, *params]).fetchall()
+                    if not rows:
+                        return
+                    last, more = int(rows[-1][0]), len(rows) == page
                 out = [self._summary_from_row(r) for r in rows]
-            if f is not None and f.request_id is not None:
-                out = [s for s in out if self._q_step_has_request(s.index, f.request_id)]
+            if slow_request is not None:
+                out = [s for s in out if self._q_step_has_request(s.index, slow_request)]
             yield from out
-            if len(rows) < _BATCH * 8:
+            if not more:
                 return
-            last = int(rows[-1][0])
             if backward:
                 hi = last
             else:
                 lo = last + 1
 
-    def _summary_from_row(self, r: tuple[Any, ...]) -> StepSummary:
-        h = tables.header_from_row(r)
-        hist = r[len(tables.HEADER_COLUMNS)]
+    @staticmethod
+    def _summary_from_row(r: tuple[Any, ...]) -> StepSummary:
+        scalars = json.loads(r[13])
+        if not isinstance(scalars, dict):
+            raise ValueError("step scalars are not a JSON object")
+        hist = r[14]
         return StepSummary(
-            index=int(h["index"]), iteration=int(h["iteration"]), mode=ForwardMode(h["mode"]), model=str(h["model"]),
-            step_id=None if h["step_id"] is None else int(h["step_id"]), batch_size=int(h["batch_size"]),
-            padded_batch_size=int(h["padded_batch_size"]), graph=GraphPhase(h["graph"]),
-            tokens_per_request=int(h["tokens_per_request"]), num_draft_tokens=int(h["num_draft_tokens"]),
-            page_size=int(h["page_size"]), start_ns=int(h["start_ns"]), end_ns=int(h["end_ns"]),
-            num_errors=int(r[-2]), num_warnings=int(r[-1]),
-            scalars={str(k): int(v) for k, v in h["scalars"].items()},
+            index=int(r[0]), iteration=int(r[1]), mode=ForwardMode(r[2]), model=str(r[3]),
+            step_id=None if r[4] is None else int(r[4]), batch_size=int(r[5]), padded_batch_size=int(r[6]),
+            graph=GraphPhase(r[7]), tokens_per_request=int(r[8]), num_draft_tokens=int(r[9]), page_size=int(r[10]),
+            start_ns=int(r[11]), end_ns=int(r[12]), num_errors=int(r[15]), num_warnings=int(r[16]),
+            scalars={str(k): int(v) for k, v in scalars.items()},
             accept_hist=tuple(int(x) for x in json.loads(hist)) if hist else (),
         )  # fmt: skip
 
@@ -456,9 +510,37 @@ class TraceReader(QueryMixin):
         return any(r.request_id == request_id for r in self.step(i, arrays=()).requests)
 
     def _q_spans(self, t0: int | None, t1: int | None, steps: tuple[int, int] | None) -> list[SpanRow]:
+        if self.major < 2:
+            return self._q_spans_v1(t0, t1, steps)
+        conds, params = [], []
+        if steps is not None:
+            conds.append("sp.step >= ? AND sp.step < ?")
+            params += [int(steps[0]), int(steps[1])]
+        if t1 is not None:
+            conds.append("sp.start_ns < ?")
+            params.append(int(t1))
+        if t0 is not None:
+            # spans_start is an index on start_ns; no span is longer than meta max_span_ns, so a span that
+            # ends after t0 starts after t0 - max_span_ns, and the index bounds the scan from both sides.
+            conds.append("sp.start_ns >= ? AND sp.end_ns > ?")
+            params += [int(t0) - self._max_span_ns(), int(t0)]
+        where = (" WHERE " + " AND ".join(conds)) if conds else ""
+        sql = ("SELECT sp.step, s.model, s.mode, sp.stream, sp.name, sp.start_ns, sp.end_ns FROM spans sp"
+               f" JOIN steps s ON s.idx = sp.step{where} ORDER BY sp.start_ns, sp.step, sp.seq")
+        with self._guard("reading spans"):
+            rows = self._conn.execute(sql, params).fetchall()
+            return [SpanRow(int(a), str(m), ForwardMode(md), str(st), str(n), int(b), int(e))
+                    for a, m, md, st, n, b, e in rows]
+
+    def _max_span_ns(self) -> int:
+        with self._guard("reading its meta table"):
+            r = self._conn.execute("SELECT value FROM meta WHERE key = 'max_span_ns'").fetchone()
+        return 0 if r is None else int(r[0])
+
+    def _q_spans_v1(self, t0: int | None, t1: int | None, steps: tuple[int, int] | None) -> list[SpanRow]:
         lo, hi = (0, None) if steps is None else (int(steps[0]), int(steps[1]))
         out = []
-        for st in self.steps(lo, hi):
+        for st in self._steps(lo, hi, keep=set()):
             for sp in st.spans:
                 if (t0 is None or sp.end_ns > t0) and (t1 is None or sp.start_ns < t1):
                     out.append(SpanRow(st.index, st.model, st.mode, sp.stream, sp.name, sp.start_ns, sp.end_ns))
@@ -466,15 +548,24 @@ class TraceReader(QueryMixin):
         return out
 
     def _q_request_rows(self, request_id: int) -> list[RequestRow]:
-        out = []
-        for st in self.steps():
-            for r in st.requests:
-                if r.request_id == request_id:
-                    out.append(RequestRow(st.index, st.iteration, st.mode, st.model, r.request_id, r.slot,
-                                          r.seq_len_before, r.seq_len_after, r.num_q_tokens, r.accept_length))
-        return out
+        if self.major < 2:
+            out = []
+            for st in self._steps(0, None, keep=set()):
+                for r in st.requests:
+                    if r.request_id == request_id:
+                        out.append(RequestRow(st.index, st.iteration, st.mode, st.model, r.request_id, r.slot,
+                                              r.seq_len_before, r.seq_len_after, r.num_q_tokens, r.accept_length))
+            return out
+        sql = ("SELECT r.step, s.iteration, s.mode, s.model, r.request_id, r.slot, r.seq_len_before, r.seq_len_after,"
+               " r.num_q_tokens, r.accept_length FROM step_requests r JOIN steps s ON s.idx = r.step"
+               " WHERE r.request_id = ? ORDER BY r.step, r.row")
+        with self._guard(f"reading the history of request {request_id}"):
+            rows = self._conn.execute(sql, (int(request_id),)).fetchall()
+            return [RequestRow(int(a), int(it), ForwardMode(md), str(m), int(rid), int(sl), int(b), int(af), int(q),
+                               int(acc)) for a, it, md, m, rid, sl, b, af, q, acc in rows]  # fmt: skip
 
     def _q_capture(self, s: StepSummary) -> int | None:
+        # Served by the partial index steps_capture (schema 2): only capture rows are in it.
         sql = ("SELECT max(idx) FROM steps WHERE graph = 'capture' AND model = ? AND mode = ? AND step_id IS ?"
                " AND padded_batch_size = ? AND idx < ?")
         with self._guard(f"finding the capture of step {s.index}"):
@@ -483,11 +574,18 @@ class TraceReader(QueryMixin):
 
     def _q_fault_report(self) -> list[FaultReport]:
         faults = self.run.config.get("faults") or []
-        fired: dict[str, list[int]] = {str(f): [] for f in faults}
-        for st in self.steps():
-            for f in st.faults_fired:
-                fired.setdefault(f, []).append(st.index)
-        return [FaultReport(f, len(v), v[0] if v else None) for f, v in fired.items()]
+        fired: dict[str, tuple[int, int | None]] = {str(f): (0, None) for f in faults}
+        if self.major < 2:
+            for st in self._steps(0, None, keep=set()):
+                for f in st.faults_fired:
+                    n, first = fired.get(f, (0, None))
+                    fired[f] = (n + 1, st.index if first is None else first)
+        else:
+            with self._guard("reading fault firings"):
+                for f, n, first in self._conn.execute(
+                        "SELECT fault, count(*), min(step) FROM fault_firings GROUP BY fault"):
+                    fired[str(f)] = (int(n), int(first))
+        return [FaultReport(f, n, first) for f, (n, first) in fired.items()]
 
     def _q_checked_through(self) -> int | None:
         with self._guard("reading its meta table"):

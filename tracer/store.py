@@ -13,7 +13,7 @@ from . import tables
 from .errors import TraceError
 from .reader import TraceReader
 from .schema import Violation
-from .writer import TraceWriter, connect_rw
+from .writer import TraceWriter, connect_rw, settle
 
 __all__ = ["TraceError", "TraceReader", "TraceWriter", "append_violations", "mark_checked"]
 
@@ -28,20 +28,27 @@ def append_violations(
     """Add violations found after the run to a trace (one transaction); returns how many were added.
 
     With `replace=True`, violations previously added with the same `source` are removed first, so
-    re-running a checker does not duplicate them. Safe while a writer is still appending.
+    re-running a checker does not duplicate them. Safe while a writer is still appending. Schema 1 traces
+    take violations too (without the cell columns, which they lack).
     """
     path = os.fspath(path)
     rows = [tables.violation_row(v, source) for v in violations]
-    with TraceReader(path):  # validates: a specscope trace this version can read
-        pass
+    with TraceReader(path) as r:  # validates: a specscope trace this version can read
+        major, closed = r.major, r.is_closed()
+    sql = tables.INSERT_VIOLATION
+    if major < 2:  # schema 1 has no cell columns
+        sql = "INSERT INTO violations (step, check_id, severity, request_id, message, source) VALUES (?, ?, ?, ?, ?, ?)"
+        rows = [row[:6] for row in rows]
     try:
         conn = connect_rw(path)
         try:
             conn.execute("BEGIN IMMEDIATE")
             if replace:
                 conn.execute("DELETE FROM violations WHERE source = ?", (source,))
-            conn.executemany(tables.INSERT_VIOLATION, rows)
+            conn.executemany(sql, rows)
             conn.execute("COMMIT")
+            if closed:
+                settle(conn)
         finally:
             conn.close()
     except sqlite3.Error as e:
@@ -53,8 +60,8 @@ def mark_checked(path: str | os.PathLike[str], through: int) -> None:
     """Record that the catalogue's verdicts for steps <= `through` are in the violations table (meta
     `checked_through`), so viewers know how far the violations of a live trace are complete."""
     path = os.fspath(path)
-    with TraceReader(path):
-        pass
+    with TraceReader(path) as r:
+        closed = r.is_closed()
     try:
         conn = connect_rw(path)
         try:
@@ -63,6 +70,8 @@ def mark_checked(path: str | os.PathLike[str], through: int) -> None:
                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (str(int(through)),),
             )
+            if closed:
+                settle(conn)
         finally:
             conn.close()
     except sqlite3.Error as e:

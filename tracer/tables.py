@@ -1,7 +1,10 @@
 """The SQLite layout of a trace file (DDL) and the encoding of step rows and bodies.
 
 Shared by the writer and the reader so both sides agree on one definition;
-`docs/trace-format.md` documents every table and column.
+`docs/trace-format.md` documents every table and column. Schema 2 adds queryable tables beside the step
+bodies (`spans`, `step_requests`, `fault_firings`, violation cells) and zstd-compressed bodies (body
+version 2, optionally with a dictionary trained on the trace's first steps); schema 1 bodies (zlib,
+body version 1) still decode.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ import json
 import operator
 import struct
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import zstandard
 
 from . import codec
 from .schema import (
@@ -28,14 +33,19 @@ from .schema import (
     RequestState,
     Step,
     StreamSpan,
+    StreamWait,
     Violation,
     step_from_parts,
 )
 
 SQLITE_HEADER = b"SQLite format 3\x00"
-BODY_ZLIB_LEVEL = 1
+BODY_ZLIB_LEVEL = 1  # schema 1 bodies (still read; the upgrade command rewrites them)
+# Level 3 with a trained dictionary: measured ~25 us and ~1.3 KB per bs-64 body here, against zlib level 1's
+# ~170 us and ~1.8 KB (benchmarks/results/trace_store.md).
+BODY_ZSTD_LEVEL = 3
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
-DDL = """
+_V1_DDL = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE run (id INTEGER PRIMARY KEY CHECK (id = 1), info TEXT NOT NULL);
 CREATE TABLE steps (
@@ -66,6 +76,9 @@ CREATE TABLE requests (
     num_output_tokens INTEGER NOT NULL,
     record TEXT NOT NULL
 );
+"""
+
+DDL = _V1_DDL + """
 CREATE TABLE violations (
     id INTEGER PRIMARY KEY,
     step INTEGER NOT NULL,
@@ -73,13 +86,44 @@ CREATE TABLE violations (
     severity TEXT NOT NULL,
     request_id INTEGER,
     message TEXT NOT NULL,
-    source TEXT NOT NULL
+    source TEXT NOT NULL,
+    array TEXT,
+    row INTEGER,
+    col INTEGER,
+    found TEXT,
+    expected TEXT
 );
-CREATE INDEX violations_step ON violations (step);
-CREATE INDEX violations_check ON violations (check_id);
+CREATE INDEX violations_step ON violations (step, severity);
+CREATE INDEX violations_check ON violations (check_id, step);
+CREATE INDEX violations_severity ON violations (severity, step);
+CREATE TABLE spans (
+    step INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    stream TEXT NOT NULL,
+    name TEXT NOT NULL,
+    start_ns INTEGER NOT NULL,
+    end_ns INTEGER NOT NULL,
+    PRIMARY KEY (step, seq)
+) WITHOUT ROWID;
+CREATE INDEX spans_start ON spans (start_ns);
+CREATE TABLE step_requests (
+    request_id INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    row INTEGER NOT NULL,
+    slot INTEGER NOT NULL,
+    seq_len_before INTEGER NOT NULL,
+    seq_len_after INTEGER NOT NULL,
+    num_q_tokens INTEGER NOT NULL,
+    accept_length INTEGER NOT NULL,
+    PRIMARY KEY (request_id, step, row)
+) WITHOUT ROWID;
+CREATE TABLE fault_firings (fault TEXT NOT NULL, step INTEGER NOT NULL, PRIMARY KEY (fault, step)) WITHOUT ROWID;
+CREATE TABLE zdicts (id INTEGER PRIMARY KEY, data BLOB NOT NULL);
+CREATE INDEX steps_capture ON steps (model, mode, padded_batch_size, step_id, idx) WHERE graph = 'capture';
 """
 
-REQUIRED_TABLES = ("meta", "run", "steps", "step_bodies", "blobs", "requests", "violations")
+REQUIRED_TABLES_V1 = ("meta", "run", "steps", "step_bodies", "blobs", "requests", "violations")
+REQUIRED_TABLES = REQUIRED_TABLES_V1 + ("spans", "step_requests", "fault_firings", "zdicts")
 
 # Header columns in `steps`, in the order the reader selects them; `idx` is Step.index.
 HEADER_COLUMNS = (
@@ -88,9 +132,18 @@ HEADER_COLUMNS = (
 )  # fmt: skip
 STEP_COLUMNS = HEADER_COLUMNS + ("num_query_tokens", "num_drafted_tokens", "accept_hist")
 INSERT_STEP = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
+VIOLATION_COLUMNS = (
+    "step", "check_id", "severity", "request_id", "message", "source", "array", "row", "col", "found", "expected",
+)  # fmt: skip
 INSERT_VIOLATION = (
-    "INSERT INTO violations (step, check_id, severity, request_id, message, source) VALUES (?, ?, ?, ?, ?, ?)"
+    f"INSERT INTO violations ({', '.join(VIOLATION_COLUMNS)}) VALUES ({', '.join('?' * len(VIOLATION_COLUMNS))})"
 )
+INSERT_SPAN = "INSERT INTO spans (step, seq, stream, name, start_ns, end_ns) VALUES (?, ?, ?, ?, ?, ?)"
+INSERT_STEP_REQUEST = (
+    "INSERT INTO step_requests (request_id, step, row, slot, seq_len_before, seq_len_after, num_q_tokens,"
+    " accept_length) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+INSERT_FAULT = "INSERT OR IGNORE INTO fault_firings (fault, step) VALUES (?, ?)"
 UPSERT_REQUEST = (
     "INSERT INTO requests (request_id, finish_reason, num_prompt_tokens, num_output_tokens, record)"
     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (request_id) DO UPDATE SET finish_reason = excluded.finish_reason,"
@@ -105,13 +158,18 @@ REQUEST_FIELDS = tuple(f.name for f in _FIELDS)
 REQUEST_INT_FIELDS = tuple(f.name for f in _FIELDS if f.type == "int")
 REQUEST_TUPLE_FIELDS = tuple(f.name for f in _FIELDS if f.type == "tuple[int, ...]")
 REQUEST_JSON_FIELDS = tuple(n for n in REQUEST_FIELDS if n not in REQUEST_INT_FIELDS + REQUEST_TUPLE_FIELDS)
+# The step_requests columns after (request_id, step, row), all RequestState int fields.
+STEP_REQUEST_FIELDS = ("slot", "seq_len_before", "seq_len_after", "num_q_tokens", "accept_length")
 ARRAY_FIELDS = ("name", "dtype", "shape", "data_ptr", "ref")
 SPAN_FIELDS = tuple(f.name for f in dataclasses.fields(StreamSpan))
+WAIT_FIELDS = tuple(f.name for f in dataclasses.fields(StreamWait))
 INLINE_MAX_BYTES = 4096  # larger arrays (page tables) go to the content-addressed blobs table
 BODY_MAGIC = b"SB"
-BODY_VERSION = 1
+BODY_VERSION = 2  # written; 1 (schema 1, zlib) is still read
+BODY_VERSIONS = (1, 2)
 _request_row = operator.attrgetter(*REQUEST_FIELDS)
 _span_row = operator.attrgetter(*SPAN_FIELDS)
+_I32 = np.iinfo(np.int32)
 
 
 def meta_rows() -> list[tuple[str, str]]:
@@ -141,7 +199,7 @@ def dumps(obj: Any) -> str:
 
 
 class _Inline:
-    """The binary section of a body: arrays as uncompressed codec blobs (the body is zlib'd whole)."""
+    """The binary section of a body: arrays as uncompressed codec blobs (the body is compressed whole)."""
 
     def __init__(self) -> None:
         self.parts: list[bytes] = []
@@ -154,96 +212,218 @@ class _Inline:
         return [self.size - len(b), len(b)]
 
 
-def _int_array(values: Iterable[int], count: int) -> np.ndarray:
+def _int_table(cols: Sequence[Sequence[int]], n: int) -> np.ndarray:
     # int32 when every value fits (token ids, lengths, slots always do): half the bytes to compress.
-    # NumPy refuses out-of-range Python ints, so a failed int32 pass falls back to int64 exactly.
-    values = list(values)
+    # np.array refuses ints beyond int64 (OverflowError), which the writer reports as an unstorable step.
+    a = np.array(cols, dtype=np.int64).reshape(len(cols), n) if n else np.zeros((len(cols), 0), np.int64)
+    if a.size == 0 or (a.min() >= _I32.min and a.max() <= _I32.max):
+        return a.astype(np.int32)
+    return a
+
+
+def _flat_ints(values: Iterable[int], count: int) -> np.ndarray:
     try:
         return np.fromiter(values, np.int32, count=count)
     except OverflowError:
         return np.fromiter(values, np.int64, count=count)
 
 
-_I_ACCEPT = REQUEST_INT_FIELDS.index("accept_length")
-_I_QTOKENS = REQUEST_INT_FIELDS.index("num_q_tokens")
-_T_DRAFTS = REQUEST_TUPLE_FIELDS.index("draft_tokens")
+@dataclass
+class StepParts:
+    """A step in columns, as both `Step` objects and the recorder's compact form reduce to before encoding."""
+
+    header: dict[str, Any]  # Step.header_dict() form
+    num_requests: int
+    int_cols: dict[str, Sequence[int]]  # REQUEST_INT_FIELDS -> n values
+    tuple_cols: dict[str, Sequence[Sequence[int]]]  # REQUEST_TUPLE_FIELDS -> n tuples
+    json_cols: dict[str, list[Any]] = field(default_factory=dict)
+    arrays: list[tuple[str, str, tuple[int, ...], int, np.ndarray]] = field(default_factory=list)
+    spans: list[tuple[str, str, int, int]] = field(default_factory=list)
+    violations: list[dict[str, Any]] = field(default_factory=list)
+    waits: list[tuple[str, str, str]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    faults_fired: list[str] = field(default_factory=list)
 
 
-def encode_step(step: Step, blob_ref: Callable[[str, np.ndarray], str]) -> tuple[tuple[Any, ...], bytes]:
-    """The `steps` row of a step and its body container, not yet compressed (see `compress_body`).
-
-    `blob_ref(name, values)` files an array too large to inline and returns its digest (hex).
-    """
-    inline = _Inline()
+def parts_from_step(step: Step) -> StepParts:
+    """The columns of a schema Step."""
     reqs = step.requests
     n = len(reqs)
     cols = dict(zip(REQUEST_FIELDS, zip(*map(_request_row, reqs), strict=False), strict=True)) if n else {}
+    return StepParts(
+        header=step.header_dict(), num_requests=n,
+        int_cols={f: cols.get(f, ()) for f in REQUEST_INT_FIELDS},
+        tuple_cols={f: cols.get(f, ()) for f in REQUEST_TUPLE_FIELDS},
+        json_cols={f: list(cols.get(f, ())) for f in REQUEST_JSON_FIELDS},
+        arrays=[(a.name, a.dtype, tuple(a.shape), a.data_ptr, a.values) for a in step.arrays],
+        spans=[_span_row(s) for s in step.spans],
+        violations=[v.to_dict() for v in step.violations],
+        waits=[(w.stream, w.on_stream, w.on_span) for w in step.waits],
+        errors=[e.to_dict() for e in step.errors],
+        faults_fired=[str(f) for f in step.faults_fired],
+    )  # fmt: skip
+
+
+@dataclass
+class EncodedStep:
+    """Everything one step adds to the file, ready for SQLite (the body not yet compressed)."""
+
+    index: int
+    row: tuple[Any, ...]  # the `steps` row
+    container: bytes  # the body before compression
+    request_rows: list[tuple[Any, ...]]
+    span_rows: list[tuple[Any, ...]]
+    fault_rows: list[tuple[str, int]]
+    violations: list[dict[str, Any]]  # attached by the recorder (v2 engines attach none)
+    max_span_ns: int
+
+
+def encode_parts(p: StepParts, blob_ref: Callable[[str, np.ndarray], str]) -> EncodedStep:
+    """Encode a step's columns: its `steps` row, its body container and its rows of the queryable tables.
+
+    `blob_ref(name, values)` files an array too large to inline and returns its digest (hex).
+    """
+    h = p.header
+    idx = int(h["index"])
+    n = p.num_requests
+    inline = _Inline()
+    ints_src = [p.int_cols.get(f, ()) for f in REQUEST_INT_FIELDS]
+    tuple_src = [p.tuple_cols.get(f, ()) or ((),) * n for f in REQUEST_TUPLE_FIELDS]
+    lens = [list(map(len, c)) for c in tuple_src]
+    for c in ints_src + lens:
+        if len(c) != n:
+            raise ValueError(f"step {idx}: a request column has {len(c)} values for {n} requests")
     # Int fields and the lengths of the tuple fields form one [fields, n] array; the tuples' values
     # are concatenated (field after field) into one flat array. Two arrays per step, not one per field.
-    tuple_cols = [cols.get(f, ()) for f in REQUEST_TUPLE_FIELDS]
-    lens = [list(map(len, c)) for c in tuple_cols]
-    table = [cols.get(f, ()) for f in REQUEST_INT_FIELDS] + lens
-    ints = _int_array(itertools.chain.from_iterable(table), len(table) * n).reshape(len(table), n)
-    flat = itertools.chain.from_iterable(itertools.chain.from_iterable(tuple_cols))
-    vals = _int_array(flat, sum(map(sum, lens)))
+    table = _int_table(ints_src + lens, n)
+    flat = itertools.chain.from_iterable(itertools.chain.from_iterable(tuple_src))
+    vals = _flat_ints(flat, sum(map(sum, lens)))
     arrays = []
-    for a in step.arrays:
-        v = np.asarray(a.values)
-        ref = inline.add(v) if v.nbytes <= INLINE_MAX_BYTES else blob_ref(a.name, v)
-        arrays.append([a.name, a.dtype, a.shape, a.data_ptr, ref])
-    body = {
+    for name, dtype, shape, ptr, values in p.arrays:
+        v = np.asarray(values)
+        ref = inline.add(v) if v.nbytes <= INLINE_MAX_BYTES else blob_ref(name, v)
+        arrays.append([name, dtype, [int(x) for x in shape], int(ptr), ref])
+    body: dict[str, Any] = {
         "requests": {
             "count": n,
             "int_fields": REQUEST_INT_FIELDS,
             "tuple_fields": REQUEST_TUPLE_FIELDS,
-            "ints": inline.add(ints),
+            "ints": inline.add(table),
             "tuple_values": inline.add(vals),
-            "json": {f: list(cols.get(f, ())) for f in REQUEST_JSON_FIELDS},
+            "json": p.json_cols,
         },
         "array_fields": ARRAY_FIELDS,
         "arrays": arrays,
         "span_fields": SPAN_FIELDS,
-        "spans": [_span_row(s) for s in step.spans],
-        "violations": [v.to_dict() for v in step.violations],
+        "spans": p.spans,
+        "violations": p.violations,
     }
+    if p.waits:
+        body["wait_fields"] = WAIT_FIELDS
+        body["waits"] = p.waits
+    if p.errors:
+        body["errors"] = p.errors
+    if p.faults_fired:
+        body["faults_fired"] = p.faults_fired
     js = dumps(body).encode()
     container = b"".join([BODY_MAGIC, struct.pack("<BI", BODY_VERSION, len(js)), js, *inline.parts])
+    mode = ForwardMode(h["mode"])
+    accept = p.int_cols.get("accept_length", ())
     hist = None
     drafted = 0
-    if step.mode == ForwardMode.TARGET_VERIFY and n:
-        counts = [0] * (max(max(table[_I_ACCEPT]), 0) + 1)
-        for length in table[_I_ACCEPT]:
+    if mode == ForwardMode.TARGET_VERIFY and n:
+        counts = [0] * (max(max(accept), 0) + 1)
+        for length in accept:
             counts[max(length, 0)] += 1
         hist = dumps(counts)
-        drafted = sum(lens[_T_DRAFTS])
-    elif step.mode == ForwardMode.TARGET_VERIFY:
+        drafted = sum(lens[REQUEST_TUPLE_FIELDS.index("draft_tokens")])
+    elif mode == ForwardMode.TARGET_VERIFY:
         hist = "[]"
+    step_id = h.get("step_id")
     row = (
-        int(step.index), int(step.iteration), ForwardMode(step.mode).value, str(step.model),
-        None if step.step_id is None else int(step.step_id), int(step.batch_size),
-        int(step.padded_batch_size), GraphPhase(step.graph).value, int(step.tokens_per_request),
-        int(step.num_draft_tokens), int(step.page_size), int(step.start_ns), int(step.end_ns),
-        dumps({str(k): int(v) for k, v in step.scalars.items()}),
-        sum(table[_I_QTOKENS]) if n else 0, drafted, hist,
+        idx, int(h["iteration"]), mode.value, str(h["model"]), None if step_id is None else int(step_id),
+        int(h["batch_size"]), int(h["padded_batch_size"]), GraphPhase(h["graph"]).value,
+        int(h["tokens_per_request"]), int(h["num_draft_tokens"]), int(h["page_size"]), int(h["start_ns"]),
+        int(h["end_ns"]), dumps({str(k): int(v) for k, v in h.get("scalars", {}).items()}),
+        int(sum(p.int_cols.get("num_q_tokens", ()))) if n else 0, drafted, hist,
     )  # fmt: skip
-    return row, container
+    # The table's rows as Python ints (sqlite3 takes no numpy scalars): one tolist() for all of them.
+    tl = table.tolist()
+    col = {f: tl[k] for k, f in enumerate(REQUEST_INT_FIELDS)}
+    req_rows = list(zip(col["request_id"], itertools.repeat(idx), range(n),
+                        *(col[f] for f in STEP_REQUEST_FIELDS), strict=False))  # fmt: skip
+    span_rows = [(idx, k, str(s[0]), str(s[1]), int(s[2]), int(s[3])) for k, s in enumerate(p.spans)]
+    max_span = max((r[5] - r[4] for r in span_rows), default=0)
+    faults = [(f, idx) for f in dict.fromkeys(p.faults_fired)]
+    return EncodedStep(idx, row, container, req_rows, span_rows, faults, list(p.violations), max_span)
+
+
+def encode_step(step: Step, blob_ref: Callable[[str, np.ndarray], str]) -> tuple[tuple[Any, ...], bytes]:
+    """The `steps` row of a step and its body container, not yet compressed (see `BodyCompressor`)."""
+    e = encode_parts(parts_from_step(step), blob_ref)
+    return e.row, e.container
+
+
+class BodyCompressor:
+    """zstd for step bodies, with the trace's trained dictionary once there is one."""
+
+    def __init__(self, dict_data: zstandard.ZstdCompressionDict | None = None) -> None:
+        self.dict_id = 0 if dict_data is None else dict_data.dict_id()
+        self._c = zstandard.ZstdCompressor(level=BODY_ZSTD_LEVEL, dict_data=dict_data, write_content_size=True)
+
+    def compress(self, container: bytes) -> bytes:
+        """The `step_bodies.body` of a container made by `encode_parts`."""
+        return self._c.compress(container)
+
+
+def train_dictionary(samples: list[bytes], size: int = 16384) -> zstandard.ZstdCompressionDict | None:
+    """A zstd dictionary trained on body containers, or None when the samples are too few or too alike."""
+    try:
+        d = zstandard.train_dictionary(size, samples)
+    except zstandard.ZstdError:
+        return None
+    return d if d.dict_id() else None
 
 
 def compress_body(container: bytes) -> bytes:
-    """The `step_bodies.body` of a container made by `encode_step`."""
-    return zlib.compress(container, BODY_ZLIB_LEVEL)
+    """A body compressed without a dictionary (tests and one-off writers)."""
+    return BodyCompressor().compress(container)
+
+
+# Decompressors by dictionary id, shared by the readers of one process (dictionary ids are random 32-bit
+# numbers trained per trace, so a collision across traces needs the same bytes to be wrong; the reader
+# keys its own cache by trace anyway).
+DictLoader = Callable[[int], "zstandard.ZstdDecompressor"]
+_PLAIN = zstandard.ZstdDecompressor()
+MAX_BODY_BYTES = 1 << 30
+
+
+def decompress_body(data: bytes, dicts: DictLoader | None) -> bytes:
+    """The container of a stored body: zstd (schema 2, maybe with a dictionary) or zlib (schema 1)."""
+    if data[:4] == ZSTD_MAGIC:
+        params = zstandard.get_frame_parameters(data)
+        if params.content_size > MAX_BODY_BYTES:
+            raise ValueError("step body claims an impossible size")
+        d = _PLAIN
+        if params.dict_id:
+            if dicts is None:
+                raise ValueError(f"step body needs dictionary {params.dict_id}")
+            d = dicts(params.dict_id)
+        return d.decompress(data, max_output_size=MAX_BODY_BYTES)
+    return zlib.decompress(data)
 
 
 class Body:
     """A decoded step body: its JSON part and its inline array section."""
 
-    def __init__(self, data: bytes) -> None:
-        raw = zlib.decompress(data)
+    def __init__(self, data: bytes, dicts: DictLoader | None = None) -> None:
+        raw = decompress_body(data, dicts)
         if raw[:2] != BODY_MAGIC:
             raise ValueError("step body has a bad magic")
         version, jlen = struct.unpack_from("<BI", raw, 2)
-        if version != BODY_VERSION:
+        if version not in BODY_VERSIONS:
             raise ValueError(f"step body has unknown version {version}")
+        self.version = version
         self.json = json.loads(raw[7 : 7 + jlen])
         if not isinstance(self.json, dict):
             raise ValueError("step body is not a JSON object")
@@ -254,9 +434,14 @@ class Body:
         fields = self.json.get(fields_key, [])
         return [dict(zip(fields, row, strict=True)) for row in self.json.get(rows_key, [])]
 
-    def blob_digests(self) -> list[bytes]:
-        """Digests of the blobs-table arrays this body references."""
-        refs = [a["ref"] for a in self.rows("array_fields", "arrays")]
+    def array_rows(self, keep: set[str] | None = None) -> list[dict[str, Any]]:
+        """The array entries (name, dtype, shape, data_ptr, ref), only those named in `keep` if given."""
+        rows = self.rows("array_fields", "arrays")
+        return rows if keep is None else [a for a in rows if a["name"] in keep]
+
+    def blob_digests(self, keep: set[str] | None = None) -> list[bytes]:
+        """Digests of the blobs-table arrays this body references (of the arrays in `keep`, if given)."""
+        refs = [a["ref"] for a in self.array_rows(keep)]
         return [bytes.fromhex(r) for r in refs if not isinstance(r, list)]
 
     def array(self, ref: Any, blobs: dict[bytes, np.ndarray]) -> np.ndarray:
@@ -313,26 +498,40 @@ def header_from_row(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
     return h
 
 
-def step_from_row(row: tuple[Any, ...], body: Body, blobs: dict[bytes, np.ndarray]) -> Step:
-    """Assemble a Step from its header row, decoded body and decoded blobs (by digest)."""
+def step_from_row(
+    row: tuple[Any, ...], body: Body, blobs: dict[bytes, np.ndarray], keep: set[str] | None = None
+) -> Step:
+    """Assemble a Step from its header row, decoded body and decoded blobs (by digest); with `keep`, only
+    the arrays it names are decoded."""
     snaps = [
         ArraySnapshot(
             name=str(a["name"]), dtype=str(a["dtype"]), shape=tuple(int(n) for n in a["shape"]),
             data_ptr=int(a["data_ptr"]), values=body.array(a["ref"], blobs),
         )
-        for a in body.rows("array_fields", "arrays")
+        for a in body.array_rows(keep)
     ]  # fmt: skip
     spans = body.rows("span_fields", "spans")
-    step = step_from_parts(header_from_row(row), [], snaps, spans, list(body.json.get("violations", [])))
+    j = body.json
+    step = step_from_parts(
+        header_from_row(row), [], snaps, spans, list(j.get("violations", [])), body.rows("wait_fields", "waits"),
+        list(j.get("errors", [])), [str(f) for f in j.get("faults_fired", [])],
+    )  # fmt: skip
     return dataclasses.replace(step, requests=tuple(body.requests()))
 
 
 def violation_row(v: Violation, source: str) -> tuple[Any, ...]:
     """The `violations` row of a violation."""
     return (
-        int(v.step), str(v.check_id), v.severity.value,
-        None if v.request_id is None else int(v.request_id), str(v.message), source,
+        int(v.step), str(v.check_id), v.severity.value, None if v.request_id is None else int(v.request_id),
+        str(v.message), source, None if v.array is None else str(v.array), None if v.row is None else int(v.row),
+        None if v.col is None else int(v.col), None if v.found is None else str(v.found),
+        None if v.expected is None else str(v.expected),
     )  # fmt: skip
+
+
+def violation_dict_row(d: dict[str, Any], source: str) -> tuple[Any, ...]:
+    """The `violations` row of a `Violation.to_dict()` (as step bodies hold them)."""
+    return violation_row(Violation.from_dict(d), source)
 
 
 def request_row(rec: RequestRecord) -> tuple[Any, ...]:
@@ -341,3 +540,4 @@ def request_row(rec: RequestRecord) -> tuple[Any, ...]:
         int(rec.request_id), str(rec.finish_reason), len(rec.prompt_tokens), len(rec.output_tokens),
         dumps(rec.to_dict()),
     )  # fmt: skip
+

@@ -1,10 +1,19 @@
-"""TraceWriter: appends steps to a trace file from a background thread, one transaction per step.
+"""TraceWriter: appends steps to a trace file; every committed step is whole (crash-safe).
 
-One worker thread encodes each step (rows, body, new blobs), compresses it and commits it in its own
-transaction. A second thread splitting encoding from committing measured no faster: the encoding is
-Python that holds the GIL, so the committer starved waiting for it, and the hand-offs cost more CPU
-than the overlap saved. The input queue is bounded, so a slow disk blocks `write_step`
-(backpressure) instead of dropping steps or growing memory.
+Two ways to run it, one encoder:
+
+- `threaded=True` (default, for callers in a process that does other work): one worker thread encodes
+  each step (rows, body, new blobs), compresses it and commits. The input queue is bounded, so a slow
+  disk blocks `write_step` (backpressure) instead of dropping steps or growing memory.
+- `threaded=False` (the writer child process, `process_writer.py`): `write_step` encodes on the caller's
+  thread and the caller decides when to commit (`commit()`); the child commits whenever its input pipe
+  is momentarily empty. A thread inside that child was one asynchronous boundary too many: every step
+  paid two thread hand-offs and the GIL ping-pong between reader and worker.
+
+Steps that are waiting at the same moment share one transaction (group commit): a commit writes every
+dirty page to the WAL, and the `step_requests` rows of one step touch one B-tree leaf per live request,
+so committing 64 backlogged steps at once costs little more than committing one. A step is still never
+half-written, and a crash loses only steps that had not been committed, as before.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,25 +42,41 @@ _SEEN_DIGESTS = 8192  # blobs the encoder knows are stored; page tables repeat a
 # one base per array, and a damaged key spoils at most KEY_INTERVAL versions.
 KEY_INTERVAL = 16
 _WAL_AUTOCHECKPOINT_PAGES = 16384  # 64 MiB: fewer checkpoints (each one fsyncs) on long runs
-_BATCH = 64  # items the worker takes from the queue per lock round-trip
+_BATCH = 64  # items the worker takes from the queue per lock round-trip (and at most per transaction)
+GROUP_MAX = 256  # steps in one transaction at most (bounds what a crash can lose from a backlog)
+DICT_SAMPLES = 256  # bodies the zstd dictionary is trained on (the trace's first steps)
+DICT_BYTES = 16384
 _STOP = "stop"
 _FLUSH = "flush"
 
 
-def connect_rw(path: str) -> sqlite3.Connection:
+def connect_rw(path: str, timeout: float = 30.0) -> sqlite3.Connection:
     """A read-write connection with the pragmas every trace writer uses."""
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=timeout)
     conn.execute("PRAGMA journal_mode=WAL")
     # NORMAL in WAL mode: a commit survives a process crash (SIGKILL); only an OS crash may lose the tail.
     conn.execute("PRAGMA synchronous=NORMAL")
     return conn
 
 
-class TraceWriter:
-    """Writes one trace file; steps are queued and committed by background threads.
+@dataclass
+class _Op:
+    """One unit of a transaction: a step (with its blobs) or a batch of rows for one statement."""
 
-    The arrays of a queued step are encoded later, on the encoder thread: do not modify them after
-    `write_step` (hand over copies of reused buffers).
+    kind: str  # "step" or "rows"
+    step: tables.EncodedStep | None = None
+    body: bytes = b""
+    blobs: list[tuple[bytes, bytes]] | None = None
+    meta: list[tuple[str, str]] | None = None
+    sql: str = ""
+    rows: list[tuple[Any, ...]] | None = None
+
+
+class TraceWriter:
+    """Writes one trace file (schema 2).
+
+    The arrays of a queued step are encoded later (threaded mode): do not modify them after `write_step`
+    (hand over copies of reused buffers).
     """
 
     def __init__(
@@ -60,21 +86,30 @@ class TraceWriter:
         *,
         queue_size: int = 1024,
         overwrite: bool = False,
+        threaded: bool = True,
     ) -> None:
         self.path = os.fspath(path)
         self._error: BaseException | None = None
         self._closed = False
         self._lock = threading.Lock()
         self._conn = self._create(run, overwrite)
-        self._queue: BatchQueue[tuple[str, Any]] = BatchQueue(queue_size)
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._last: dict[str, tuple[np.ndarray, bytes]] = {}  # array name -> last values and digest
         self._keys: dict[str, tuple[codec.Base, int]] = {}  # array name -> current key, versions based on it
         self._last_index: int | None = None
-        # A daemon thread so a forgotten close() cannot hang interpreter exit; atexit flushes it.
-        name = f"specscope-writer:{os.path.basename(self.path)}"
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self._bodies = tables.BodyCompressor()
+        self._samples: list[bytes] | None = []  # containers for the dictionary; None once trained or given up
+        self._max_span_ns = 0
+        self._dict_rows: list[tuple[int, bytes]] | None = None
+        self._pending: list[_Op] = []  # sync mode: encoded, not yet committed
+        self._threaded = threaded
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._queue: BatchQueue[tuple[str, Any]] = BatchQueue(queue_size)
+            # A daemon thread so a forgotten close() cannot hang interpreter exit; atexit flushes it.
+            name = f"specscope-writer:{os.path.basename(self.path)}"
+            self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+            self._thread.start()
         atexit.register(self._close_at_exit)
 
     def _create(self, run: RunInfo, overwrite: bool) -> sqlite3.Connection:
@@ -90,6 +125,7 @@ class TraceWriter:
         try:
             conn = connect_rw(self.path)
             conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_AUTOCHECKPOINT_PAGES}")
+            conn.execute("PRAGMA cache_size=-65536")  # 64 MiB: the live requests' step_requests leaves stay hot
             conn.execute("BEGIN")
             # One by one, not executescript(): that would commit outside our transaction.
             for stmt in tables.DDL.split(";"):
@@ -117,6 +153,10 @@ class TraceWriter:
             raise TypeError(f"write_step expects a Step, got {type(step).__name__}")
         self._put(("step", step))
 
+    def write_parts(self, parts: tables.StepParts) -> None:
+        """Queue a step given as columns (the writer process's fast path, see `tables.StepParts`)."""
+        self._put(("parts", parts))
+
     def write_request(self, rec: RequestRecord) -> None:
         """Queue a request record (inserted, or replacing the record with the same request_id)."""
         if not isinstance(rec, RequestRecord):
@@ -127,15 +167,24 @@ class TraceWriter:
         """Queue violations found outside the recorder (e.g. by a checker) for the violations table."""
         self._put(("violations", (list(violations), source)))
 
+    def commit(self) -> None:
+        """Sync mode: commit everything written so far (threaded mode commits on its own)."""
+        if not self._threaded:
+            self._commit_pending()
+            self._raise_if_failed()
+
     def flush(self) -> None:
         """Wait until everything queued so far is committed; raise TraceError if writing failed."""
         if self._closed:
             self._raise_if_failed()
             return
+        if not self._threaded:
+            self.commit()
+            return
         done = threading.Event()
         self._put((_FLUSH, done))
         while not done.wait(0.5):
-            if not self._thread.is_alive():
+            if self._thread is None or not self._thread.is_alive():
                 break
         self._raise_if_failed()
 
@@ -146,9 +195,13 @@ class TraceWriter:
                 return
             self._closed = True
         atexit.unregister(self._close_at_exit)
-        if self._thread.is_alive():
-            self._queue.put((_STOP, None))
-            self._thread.join()
+        if self._thread is not None:
+            if self._thread.is_alive():
+                self._queue.put((_STOP, None))
+                self._thread.join()
+        else:
+            self._commit_pending()
+            self._finish()
         self._raise_if_failed()
 
     def __enter__(self) -> TraceWriter:
@@ -161,7 +214,18 @@ class TraceWriter:
         if self._closed:
             raise TraceError("the trace writer is already closed", self.path)
         self._raise_if_failed()
-        self._queue.put(item)
+        if self._threaded:
+            self._queue.put(item)
+            return
+        try:
+            self._pending.append(self._op(*item))
+        except BaseException as e:  # noqa: BLE001 - what came before still commits, then the error surfaces
+            self._commit_pending()
+            self._fail(e)
+            self._raise_if_failed()
+        if len(self._pending) >= GROUP_MAX:
+            self._commit_pending()
+            self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
         e = self._error
@@ -181,32 +245,45 @@ class TraceWriter:
 
     def _loop(self) -> None:
         while True:
-            for kind, payload in self._queue.get_batch(_BATCH):
-                try:
-                    # After a failure keep draining (discarding) so producers blocked on put() wake up.
-                    if self._error is None:
-                        if kind == "step":
-                            self._commit_step(*self._compress(self._encode_step(payload)))
-                        elif kind == "request":
-                            self._transaction(tables.UPSERT_REQUEST, [tables.request_row(payload)])
-                        elif kind == "violations":
-                            vs, source = payload
-                            self._transaction(tables.INSERT_VIOLATION, [tables.violation_row(v, source) for v in vs])
-                except BaseException as e:  # noqa: BLE001 - surfaced to the producer on its next call
-                    self._fail(e)
+            batch = self._queue.get_batch(_BATCH)
+            for kind, payload in batch:
+                # After a failure keep draining (discarding) so producers blocked on put() wake up.
+                if self._error is None and kind not in (_FLUSH, _STOP):
+                    try:
+                        self._pending.append(self._op(kind, payload))
+                    except BaseException as e:  # noqa: BLE001 - surfaced to the producer on its next call
+                        self._commit_pending()
+                        self._fail(e)
+                if kind in (_FLUSH, _STOP):
+                    self._commit_pending()
                 if kind == _FLUSH:
                     payload.set()
                 elif kind == _STOP:
                     self._finish()
                     return
+            self._commit_pending()
 
-    def _encode_step(self, step: Step) -> tuple[Any, ...]:
+    # -- encoding --------------------------------------------------------------------------------
+
+    def _op(self, kind: str, payload: Any) -> _Op:
+        if kind == "step":
+            return self._step_op(tables.parts_from_step(payload))
+        if kind == "parts":
+            return self._step_op(payload)
+        if kind == "request":
+            return _Op("rows", sql=tables.UPSERT_REQUEST, rows=[tables.request_row(payload)])
+        if kind == "violations":
+            vs, source = payload
+            return _Op("rows", sql=tables.INSERT_VIOLATION, rows=[tables.violation_row(v, source) for v in vs])
+        raise ValueError(f"unknown writer item {kind!r}")
+
+    def _step_op(self, parts: tables.StepParts) -> _Op:
+        index = int(parts.header["index"])
         # Readers count steps incrementally (by index), so indexes must only grow.
-        if self._last_index is not None and step.index <= self._last_index:
-            if step.index == self._last_index:
-                raise TraceError(f"step index {step.index} was written twice")
-            raise TraceError(f"step index {step.index} was written after step {self._last_index} (indexes must grow)")
-        self._last_index = int(step.index)
+        if self._last_index is not None and index <= self._last_index:
+            if index == self._last_index:
+                raise TraceError(f"step index {index} was written twice")
+            raise TraceError(f"step index {index} was written after step {self._last_index} (indexes must grow)")
         new_blobs: list[tuple[bytes, codec.Pending]] = []
 
         def blob_ref(name: str, values: np.ndarray) -> str:
@@ -232,9 +309,26 @@ class TraceWriter:
                 self._seen.popitem(last=False)
             return d.hex()
 
-        row, body = tables.encode_step(step, blob_ref)
-        vrows = [tables.violation_row(v, "recorder") for v in step.violations]
-        return row, body, new_blobs, vrows
+        enc = tables.encode_parts(parts, blob_ref)
+        self._last_index = index
+        meta: list[tuple[str, str]] = []
+        if self._samples is not None:
+            self._samples.append(enc.container)
+            if len(self._samples) >= DICT_SAMPLES:
+                d = tables.train_dictionary(self._samples, DICT_BYTES)
+                self._samples = None
+                if d is not None:
+                    # Stored in the same transaction as the first body that needs it.
+                    self._dict_rows = [(d.dict_id(), d.as_bytes())]
+                    self._bodies = tables.BodyCompressor(d)
+        if enc.max_span_ns > self._max_span_ns:
+            self._max_span_ns = enc.max_span_ns
+            meta.append(("max_span_ns", str(enc.max_span_ns)))
+        body = self._bodies.compress(enc.container)
+        op = _Op("step", step=enc, body=body, blobs=[(d, p.finish()) for d, p in new_blobs], meta=meta)
+        if self._dict_rows:
+            op.rows, self._dict_rows = self._dict_rows, None
+        return op
 
     def _fail(self, e: BaseException) -> None:
         if self._error is None:
@@ -248,55 +342,71 @@ class TraceWriter:
                 self._conn.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES ('closed_ns', ?)", (str(time.time_ns()),)
                 )
-            # A finished trace becomes one self-contained file: readers then need no -wal/-shm beside it
-            # (so read-only folders work). If a live reader still holds it, it simply stays in WAL mode.
-            try:
-                # Never wait for live readers here: close() must not stall on a TUI that keeps the file open.
-                self._conn.execute("PRAGMA busy_timeout=0")
-                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                self._conn.execute("PRAGMA journal_mode=DELETE")
-            except sqlite3.OperationalError:
-                pass
+            settle(self._conn)
             self._conn.close()
         except sqlite3.Error as e:
             self._fail(e)
 
-    def _transaction(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    def _commit_pending(self) -> None:
+        ops, self._pending = self._pending, []
+        if not ops or self._error is not None:
+            return
+        try:
+            self._transaction(ops)
+        except BaseException:  # noqa: BLE001 - one bad op must not cost the good ones their commit
+            for op in ops:
+                try:
+                    self._transaction([op])
+                except BaseException as e:  # noqa: BLE001 - surfaced to the producer on its next call
+                    self._fail(e)
+                    return
+
+    def _transaction(self, ops: list[_Op]) -> None:
         conn = self._conn
         conn.execute("BEGIN")
         try:
-            conn.executemany(sql, rows)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-
-    @staticmethod
-    def _compress(encoded: tuple[Any, ...]) -> tuple[Any, ...]:
-        row, container, new_blobs, vrows = encoded
-        return row, tables.compress_body(container), [(d, p.finish()) for d, p in new_blobs], vrows
-
-    def _commit_step(
-        self,
-        row: tuple[Any, ...],
-        body: bytes,
-        blobs: list[tuple[bytes, bytes]],
-        vrows: list[tuple[Any, ...]],
-    ) -> None:
-        conn = self._conn
-        conn.execute("BEGIN")
-        try:
-            if blobs:
-                conn.executemany("INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)", blobs)
-            conn.execute(tables.INSERT_STEP, row)
-            conn.execute("INSERT INTO step_bodies (idx, body) VALUES (?, ?)", (row[0], body))
-            if vrows:
-                conn.executemany(tables.INSERT_VIOLATION, vrows)
+            for op in ops:
+                if op.kind == "step":
+                    self._insert_step(op)
+                else:
+                    conn.executemany(op.sql, op.rows or [])
             conn.execute("COMMIT")
         except BaseException as e:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             if isinstance(e, sqlite3.IntegrityError) and "steps.idx" in str(e):
-                raise TraceError(f"step index {row[0]} was written twice") from e
+                raise TraceError(f"step index {ops[0].step.index if ops[0].step else '?'} was written twice") from e
             raise
+
+    def _insert_step(self, op: _Op) -> None:
+        conn = self._conn
+        e = op.step
+        assert e is not None
+        if op.rows:  # the zstd dictionary this body is the first to use
+            conn.executemany("INSERT OR IGNORE INTO zdicts (id, data) VALUES (?, ?)", op.rows)
+        if op.blobs:
+            conn.executemany("INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)", op.blobs)
+        conn.execute(tables.INSERT_STEP, e.row)
+        conn.execute("INSERT INTO step_bodies (idx, body) VALUES (?, ?)", (e.index, op.body))
+        if e.request_rows:
+            conn.executemany(tables.INSERT_STEP_REQUEST, e.request_rows)
+        if e.span_rows:
+            conn.executemany(tables.INSERT_SPAN, e.span_rows)
+        if e.fault_rows:
+            conn.executemany(tables.INSERT_FAULT, e.fault_rows)
+        if e.violations:
+            conn.executemany(tables.INSERT_VIOLATION, [tables.violation_dict_row(v, "recorder") for v in e.violations])
+        if op.meta:
+            conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", op.meta)
+
+
+def settle(conn: sqlite3.Connection) -> None:
+    """Make a finished trace one self-contained file (no -wal/-shm needed, so read-only folders work).
+
+    Never waits for live readers: a TUI that keeps the file open simply leaves it in WAL mode."""
+    try:
+        conn.execute("PRAGMA busy_timeout=0")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.execute("PRAGMA journal_mode=DELETE")
+    except sqlite3.OperationalError:
+        pass
