@@ -1,0 +1,129 @@
+"""One recorded attention call, decoded from a step's arrays: what `replay` re-runs and the differential check
+recomputes. Torch-free (numpy).
+
+Steps recorded with `--record-attention N` carry layer 0's query `attn_q [n, Hq, D]`, the kernel's output
+`attn_out [n, Hq*D]`, the KV pages the live rows touch `attn_kv [U, 2, Hkv, P, D]` with their ids
+`attn_page_ids [U]`, the softmax scale `attn_scaling [1]`, and (recorders from schema 2 on) the kernel's
+arguments `attn_call` (int64, fields `CALL_FIELDS`) and, for a masked verify call, the packed mask `attn_mask`
+(uint16 stored as int16). The metadata tensors (page_table, cache_seqlens, cu_seqlens_*) are the step's
+standard snapshots: the same tensors the kernel was handed. Older traces lack `attn_call`; their arguments are
+derived from the mode and scalars exactly as the backend derives them (`RecordedCall.args_recorded` is False).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..schema import ForwardMode, Step
+
+UNIFORM = (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY)
+# attn_call: the arguments of the kernel entry point the backend called for layer 0 (backend/trtllm_mha_backend.py).
+CALL_FIELDS = ("entry", "q_len_per_req", "max_seq_len", "batch_size", "page_size", "num_tokens", "has_mask")
+ENTRY_DECODE, ENTRY_CONTEXT = 0, 1  # kernels.decode (XQA / trtllm-gen) or kernels.context (FMHAv2 / prefill)
+REQUIRED = ("attn_q", "attn_out", "attn_kv", "attn_page_ids", "attn_scaling", "cache_seqlens", "page_table")
+
+
+class NoRecordedCall(ValueError):
+    """The step has no (complete) recorded attention call; the message says which array is missing."""
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """Layer 0's attention call of one step, as recorded."""
+
+    step: Step
+    entry: str  # "decode" or "context"
+    q: np.ndarray  # [n, Hq, D] float32
+    out: np.ndarray  # [n, Hq, D] float32: what the kernel produced in the run
+    kv: np.ndarray  # [U, 2, Hkv, P, D]
+    page_ids: np.ndarray  # [U] physical page id of each kv page
+    scaling: float
+    page_table: np.ndarray  # [rows, W_recorded] physical page ids (only the live columns were recorded)
+    page_table_width: int  # W of the tensor the kernel saw
+    cache_seqlens: np.ndarray  # [rows]
+    cu_seqlens_q: np.ndarray | None
+    cu_seqlens_k: np.ndarray | None
+    q_len_per_req: int  # decode: q_len_per_req; context: max_q_len
+    max_seq_len: int  # decode: max_seq_len; context: max_kv_len
+    batch_size: int  # context: batch_size argument; decode: rows the kernel forms (num_tokens // q_len_per_req)
+    page_size: int
+    mask: np.ndarray | None  # uint16 [rows, T, words*2] when the call passed one (recorded), else None
+    has_mask: bool  # the call passed a mask (recorded, or derived: verify with q_len_per_req > 1)
+    args_recorded: bool  # True: from attn_call; False: derived from mode and scalars (older traces)
+
+    @property
+    def num_q_heads(self) -> int:
+        """Hq."""
+        return int(self.q.shape[1])
+
+    def token_rows(self) -> list[tuple[int, int]]:
+        """(first token, tokens) of each live request in q, by the request's own query length (not the kernel's)."""
+        out, t = [], 0
+        for r in self.step.requests:
+            out.append((t, int(r.num_q_tokens)))
+            t += int(r.num_q_tokens)
+        return out
+
+    def kernel_rows(self) -> list[tuple[int, int]]:
+        """(first token, tokens) of each live row as the kernel groups q: q_len_per_req tokens per row (decode),
+        or cu_seqlens_q (context)."""
+        bs = self.step.batch_size
+        if self.entry == "decode":
+            ql = self.q_len_per_req
+            return [(b * ql, ql) for b in range(bs)]
+        cu = self.cu_seqlens_q
+        assert cu is not None
+        return [(int(cu[b]), int(cu[b + 1] - cu[b])) if b + 1 < len(cu) else (0, 0) for b in range(bs)]
+
+
+def has_recorded_call(step: Step) -> bool:
+    """True when the step carries the arrays of a recorded attention call."""
+    return step.array("attn_q") is not None
+
+
+def recorded_call(step: Step) -> RecordedCall:
+    """Decode the recorded call of `step` (NoRecordedCall when it has none)."""
+    a = {x.name: x for x in step.arrays}
+    if "attn_q" not in a:
+        raise NoRecordedCall(f"step {step.index} has no recorded attention call (record with --record-attention 1)")
+    missing = [n for n in REQUIRED if n not in a]
+    if missing:
+        raise NoRecordedCall(f"step {step.index}: the recorded attention call lacks {missing[0]}")
+    q = np.asarray(a["attn_q"].values, dtype=np.float32)
+    out = np.asarray(a["attn_out"].values, dtype=np.float32).reshape(q.shape)
+    pt = a["page_table"]
+    cu_q = a["cu_seqlens_q"].values if "cu_seqlens_q" in a else None
+    cu_k = a["cu_seqlens_k"].values if "cu_seqlens_k" in a else None
+    call = a.get("attn_call")
+    mask = None
+    if call is not None:
+        f = dict(zip(CALL_FIELDS, (int(x) for x in call.values), strict=False))
+        entry = "decode" if f["entry"] == ENTRY_DECODE else "context"
+        ql, max_len, batch, page = f["q_len_per_req"], f["max_seq_len"], f["batch_size"], f["page_size"]
+        has_mask = bool(f.get("has_mask", 0))
+        if "attn_mask" in a:
+            mask = np.ascontiguousarray(a["attn_mask"].values).view(np.uint16)
+    else:
+        entry = "decode" if step.mode in UNIFORM else "context"
+        if entry == "decode":
+            # What forward_decode / forward_extend pass: q_len_per_req 1 for (draft) decode, the kernel's q_len
+            # (captured inside a graph) for verify; batch = num_tokens // q_len_per_req.
+            ql = step.scalars.get("kernel_q_len", 1) if step.mode == ForwardMode.TARGET_VERIFY else 1
+            batch = q.shape[0] // max(ql, 1)
+        else:
+            ql = step.scalars.get("kernel_q_len", step.scalars.get("max_seq_len_q", 1))
+            batch = (a["cu_seqlens_q"].shape[0] - 1) if "cu_seqlens_q" in a else step.padded_batch_size
+        max_len = step.scalars.get("max_context_len", 0)
+        page = step.page_size
+        has_mask = step.mode == ForwardMode.TARGET_VERIFY and ql > 1
+    return RecordedCall(
+        step=step, entry=entry, q=q, out=out, kv=np.asarray(a["attn_kv"].values),
+        page_ids=np.asarray(a["attn_page_ids"].values).astype(np.int64),
+        scaling=float(np.asarray(a["attn_scaling"].values).reshape(-1)[0]),
+        page_table=np.asarray(pt.values), page_table_width=int(pt.shape[1]) if len(pt.shape) == 2 else 0,
+        cache_seqlens=np.asarray(a["cache_seqlens"].values), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+        q_len_per_req=int(ql), max_seq_len=int(max_len), batch_size=int(batch), page_size=int(page),
+        mask=mask, has_mask=has_mask, args_recorded=call is not None,
+    )  # fmt: skip

@@ -1,0 +1,269 @@
+"""Bug-report bundles: one .zip a maintainer opens, checks and replays without the reporter's GPU, models or setup.
+
+Inside: `trace.db` (the chosen steps plus the captures their replays came from, with their original step indexes:
+a valid trace every command opens), `check.json` (the verdicts: the catalogue run over the bundle, and the
+violations the original trace held for those steps), `environment.json` (GPU, versions, git commit, what the
+recorder did not record), `command.txt` (the exact command that recorded the trace), `perfetto.json.gz` (the
+steps as a Perfetto timeline) and `README.md` (what to run).
+
+Every command opens a bundle where it opens a trace: `open_trace_or_bundle(path)` extracts `trace.db` to a
+temporary folder for the duration of a `with` block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import TraceError
+from ..reader import TraceReader
+from ..schema import Step, Violation
+from ..writer import TraceWriter
+
+TRACE_NAME = "trace.db"
+MANIFEST = "bundle.json"
+BUNDLE_FORMAT = 1
+_MAX_TRACE_BYTES = 4 << 30  # refuse to extract more than this from a bundle (a damaged or hostile size field)
+_ENV_WANTED = ("python", "torch", "flashinfer", "cuda", "specscope")
+
+
+def is_bundle(path: str | os.PathLike[str]) -> bool:
+    """True when `path` is a zip file (a bundle, or damage to be reported as such)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def open_trace_or_bundle(path: str | os.PathLike[str]) -> Iterator[str]:
+    """Yield a path to a trace file: `path` itself, or for a bundle its `trace.db` extracted to a temporary folder
+    (removed when the block ends). A damaged bundle raises TraceError with one sentence."""
+    path = os.fspath(path)
+    if not is_bundle(path):
+        yield path
+        return
+    tmp = tempfile.mkdtemp(prefix="specscope-bundle-")
+    try:
+        yield _extract_trace(path, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _extract_trace(path: str, folder: str) -> str:
+    try:
+        with zipfile.ZipFile(path) as z:
+            try:
+                info = z.getinfo(TRACE_NAME)
+            except KeyError:
+                raise TraceError(f"not a specscope bundle (the zip holds no {TRACE_NAME})", path) from None
+            if info.file_size > _MAX_TRACE_BYTES:
+                raise TraceError(f"bundle's {TRACE_NAME} claims {info.file_size} bytes; refusing to extract", path)
+            out = os.path.join(folder, TRACE_NAME)
+            with z.open(info) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            return out
+    except zipfile.BadZipFile as e:
+        raise TraceError(f"not a readable bundle (damaged zip: {e})", path) from None
+    except (OSError, EOFError, RuntimeError, ValueError) as e:  # zlib.error is not an OSError; CRC is BadZipFile
+        raise TraceError(f"not a readable bundle ({type(e).__name__}: {e})", path) from None
+    except Exception as e:  # noqa: BLE001 - zlib.error and friends from a damaged member: one sentence
+        if isinstance(e, TraceError):
+            raise
+        raise TraceError(f"not a readable bundle ({type(e).__name__}: {e})", path) from None
+
+
+def read_member(path: str | os.PathLike[str], name: str) -> bytes:
+    """One file from a bundle (TraceError when absent or damaged)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.read(name)
+    except KeyError:
+        raise TraceError(f"bundle has no {name}", path) from None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise TraceError(f"not a readable bundle ({type(e).__name__}: {e})", path) from None
+
+
+def bundle_steps(reader: TraceReader, start: int, stop: int | None) -> list[int]:
+    """Step indexes a bundle of [start, stop) holds: those steps plus the captures their replays came from."""
+    chosen = [s.index for s in reader.iter_summaries(start, stop)]
+    extra = {c for i in chosen if (c := reader.capture_of(i)) is not None}
+    return sorted(set(chosen) | extra)
+
+
+def environment(reader: TraceReader) -> dict[str, Any]:
+    """GPU, versions, git commit and host from the run record, and what the recorder did not record."""
+    run = reader.run
+    v = run.versions
+    cfg = run.config
+    env: dict[str, Any] = {
+        "device": run.device, "device_capability": run.device_capability, "attention_kernel": run.attention_kernel,
+        "versions": dict(v), "git_commit": run.git_commit, "git_dirty": cfg.get("git_dirty", v.get("git_dirty")),
+        "nvidia_driver": v.get("nvidia_driver", v.get("driver")), "hostname": run.hostname,
+        "run_start_ns": run.start_ns, "dtype": cfg.get("dtype"), "schema_version": reader.schema_version,
+    }  # fmt: skip
+    missing = []
+    gpu = run.device != "cpu"
+    for k in _ENV_WANTED:
+        if k not in v and not (k in ("flashinfer", "cuda") and not gpu):
+            missing.append(f"versions[{k!r}]")
+    if run.git_commit is None:
+        missing.append("git_commit (RunInfo.git_commit is null: the run was not from a git checkout, or git failed)")
+    if env["git_dirty"] is None:
+        missing.append("git dirty flag (the recorder should add versions['git_dirty'] = 'true'/'false' from "
+                       "`git status --porcelain`)")
+    if gpu and env["nvidia_driver"] is None:
+        missing.append("NVIDIA driver version (the recorder should add versions['nvidia_driver'] from "
+                       "torch.cuda / nvidia-smi --query-gpu=driver_version)")
+    env["not_recorded"] = missing
+    return env
+
+
+def _violation_dict(v: Violation) -> dict[str, Any]:
+    return {k: val for k, val in v.to_dict().items() if val is not None}
+
+
+def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *, trace_path: str | None = None,
+                 export_command: str | None = None) -> dict[str, Any]:
+    """Write a bundle of steps [start, stop) of `reader` to `out` (.zip); returns its manifest."""
+    from ..checks import Checker
+    from .perfetto import write_perfetto
+
+    indexes = bundle_steps(reader, start, stop)
+    if not indexes:
+        raise ValueError(f"no steps in {start}:{'' if stop is None else stop} (the trace has "
+                         f"{reader.num_steps()} steps)")
+    work = tempfile.mkdtemp(prefix="specscope-bundle-")
+    try:
+        db = os.path.join(work, TRACE_NAME)
+        checker = Checker()
+        found: list[Violation] = []
+        request_ids: set[int] = set()
+        with TraceWriter(db, reader.run) as w:
+            for i in indexes:
+                step: Step = reader.step(i)
+                request_ids.update(r.request_id for r in step.requests)
+                found.extend(checker.feed(step))
+                w.write_step(step)
+            for rec in reader.requests():
+                if rec.request_id in request_ids:
+                    w.write_request(rec)
+        chosen = set(indexes)
+        in_range = {s.index for s in reader.iter_summaries(start, stop)}
+        original = [v for v in reader.violations() if v.step in chosen]
+        check = {
+            "bundle_check": [_violation_dict(v) for v in found],
+            "original_violations": [_violation_dict(v) for v in original],
+            "note": "bundle_check: `specscope check` over the bundled steps (captures included); "
+                    "original_violations: what the full trace held for these steps (recorder and checkers)",
+        }
+        env = environment(reader)
+        cmd = reader.run.command
+        src = trace_path or reader.path
+        manifest = {
+            "format": BUNDLE_FORMAT, "source_trace": os.path.basename(src), "steps": [start, stop],
+            "step_indexes": indexes, "captures_added": sorted(chosen - in_range),
+            "num_steps": len(indexes), "num_violations_bundle_check": len(found),
+            "num_violations_original": len(original),
+            "attention_steps": _attention_steps(db),
+            "export_command": export_command,
+        }  # fmt: skip
+        perfetto = os.path.join(work, "perfetto.json.gz")
+        with TraceReader(db) as r2:
+            write_perfetto(r2, perfetto)
+        readme = readme_text(os.path.basename(out), manifest, env, cmd, found)
+        tmp = out + ".tmp"
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as z:
+            z.writestr("README.md", readme)
+            z.writestr(MANIFEST, json.dumps(manifest, indent=1) + "\n")
+            z.writestr("environment.json", json.dumps(env, indent=1) + "\n")
+            z.writestr("command.txt", cmd + "\n")
+            z.writestr("check.json", json.dumps(check, indent=1) + "\n")
+            z.write(db, TRACE_NAME)
+            z.write(perfetto, "perfetto.json.gz", compress_type=zipfile.ZIP_STORED)
+        os.replace(tmp, out)
+        return manifest
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _attention_steps(db: str) -> list[int]:
+    with TraceReader(db) as r:
+        out = []
+        for s in r.iter_summaries():
+            st = r.step(s.index, arrays=("attn_q",))
+            if st.arrays:
+                out.append(s.index)
+        return out
+
+
+def readme_text(name: str, manifest: dict[str, Any], env: dict[str, Any], command: str,
+                found: list[Violation]) -> str:
+    """The README.md inside a bundle: what it holds and what a maintainer runs."""
+    a, b = manifest["steps"]
+    attn = manifest["attention_steps"]
+    first_attn = attn[0] if attn else None
+    bad = {x.step for x in found}
+    # Suggest the replay most worth running: a recorded call the differential check flagged, else one in a step
+    # with any violation, else the first recorded call.
+    diff_bad = sorted({x.step for x in found if x.check_id.startswith("D")} & set(attn))
+    pick = (diff_bad or sorted(bad & set(attn)) or attn or [None])[0]
+    v = env["versions"]
+    lines = [
+        "# specscope bug-report bundle", "",
+        f"Steps {a}:{'' if b is None else b} of `{manifest['source_trace']}` ({manifest['num_steps']} steps, "
+        f"captures included: {manifest['captures_added'] or 'none needed'}), recorded on **{env['device']}** "
+        f"with the `{env['attention_kernel']}` attention kernels.", "",
+        "## What to run", "",
+        "```bash",
+        "pip install specscope            # or: pip install -e . in a specscope checkout (no GPU needed)",
+        f"specscope info {name}          # run, config, steps, acceptance",
+        f"specscope check {name}         # the invariant catalogue over these steps (exit 1: violations)",
+    ]
+    if first_attn is not None:
+        lines.append(f"specscope replay {name} --step {pick}   # re-run the recorded attention call vs the reference")
+        lines.append(f"specscope replay {name} --step {pick} --device cuda   # on a GPU: the run's flashinfer kernel")
+    lines += [
+        f"specscope tui {name}           # step through it (textual)",
+        f"specscope web {name}           # dashboard on 127.0.0.1",
+        "```", "",
+        "`perfetto.json.gz` opens in https://ui.perfetto.dev (plan / compute / host tracks per model).", "",
+        "## Verdicts", "",
+    ]
+    if found:
+        by: dict[str, list[Violation]] = {}
+        for x in found:
+            by.setdefault(x.check_id, []).append(x)
+        for cid, vs in sorted(by.items(), key=lambda kv: kv[1][0].step):
+            lines.append(f"- **{cid}** ({len(vs)}x, first at step {vs[0].step}): {vs[0].message}")
+    else:
+        lines.append("- `specscope check` finds no violation in these steps.")
+    lines += [
+        "", f"Steps with a recorded attention call (replayable): {attn or 'none'}", "",
+        "## Recorded with", "", "```bash", command, "```", "",
+        *([f"Bundled with `{manifest['export_command']}`.", ""] if manifest.get("export_command") else []),
+        "## Environment", "",
+        f"- device: {env['device']} (capability {env['device_capability']}), kernels {env['attention_kernel']}, "
+        f"dtype {env['dtype']}",
+        "- versions: " + ", ".join(f"{k} {val}" for k, val in sorted(v.items())),
+        f"- specscope git commit: {env['git_commit']} (dirty: {env['git_dirty']})",
+        f"- NVIDIA driver: {env['nvidia_driver']}",
+    ]
+    if env["not_recorded"]:
+        lines.append("- not recorded by this specscope version: " + "; ".join(env["not_recorded"]))
+    lines += ["", "Files: `trace.db` (a specscope trace), `check.json`, `environment.json`, `command.txt`, "
+              "`perfetto.json.gz`, `bundle.json`.", ""]
+    return "\n".join(lines)
+
+
+def quote_command(argv: list[str]) -> str:
+    """A command line, quoted for a shell."""
+    return " ".join(shlex.quote(a) for a in argv)

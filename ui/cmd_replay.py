@@ -1,0 +1,130 @@
+"""`specscope replay TRACE|BUNDLE --step N`: re-run a recorded attention call through the kernel and the reference."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EXIT_AGREE, EXIT_DISAGREE, EXIT_UNUSABLE = 0, 1, 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `replay`."""
+    p = subparsers.add_parser(
+        "replay", help="re-run a recorded attention call: kernel vs reference",
+        description="Rebuild layer 0's attention call of a step recorded with --record-attention (q, the KV pages "
+                    "it read, the metadata it was handed), run the same kernel entry point on --device and the "
+                    "pure-torch reference, and print max abs / relative difference per request and head. Exit 0 "
+                    "when everything agrees within tolerance, 1 when not, 2 for unusable input.")
+    p.add_argument("trace", metavar="TRACE|BUNDLE", help="trace file (.db) or bug-report bundle (.zip)")
+    p.add_argument("--step", type=int, required=True, metavar="N", help="step index (as `specscope info` lists)")
+    p.add_argument("--device", default="cpu", help="cpu (reference kernels) or cuda[:i] (the run's flashinfer "
+                                                    "kernels, from the trace's attention_kernel) (default: cpu)")
+    p.add_argument("--tol", type=float, default=None, help="relative tolerance (default: the differential check's)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--all-heads", action="store_true", help="print every head (default: the worst head per request)")
+    p.set_defaults(run=run)
+
+
+def _fail(msg: str) -> int:
+    print(f"specscope: error: {msg}", file=sys.stderr)
+    return EXIT_UNUSABLE
+
+
+def run(args: argparse.Namespace) -> int:
+    """Replay the step; print the comparison table."""
+    from specscope.tracer.errors import TraceIndexError
+    from specscope.tracer.export.attention_call import NoRecordedCall, recorded_call
+    from specscope.tracer.export.bundle import open_trace_or_bundle
+    from specscope.tracer.store import TraceReader
+
+    if not (args.device == "cpu" or args.device == "cuda" or args.device.startswith("cuda:")):
+        return _fail(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
+    with open_trace_or_bundle(args.trace) as path, TraceReader(path) as reader:
+        try:
+            step = reader.step(args.step)
+        except TraceIndexError:
+            known = [s.index for s in reader.iter_summaries()]
+            span = f"steps {known[0]}..{known[-1]}" if known else "no steps"
+            return _fail(f"{args.trace}: has no step {args.step} ({span}, {len(known)} in all)")
+        try:
+            call = recorded_call(step)
+        except NoRecordedCall as e:
+            return _fail(f"{args.trace}: {e}")
+        run_info = reader.run
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return _fail("replay needs torch: pip install 'specscope[engine]'")
+    from specscope.backend.replay import REL_TOL, replay
+
+    if args.device != "cpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            return _fail(f"--device {args.device}: torch sees no CUDA device here (use --device cpu)")
+    try:
+        res = replay(call, args.device, run_info.attention_kernel, run_info.config.get("dtype"),
+                     REL_TOL if args.tol is None else args.tol)
+    except ImportError as e:
+        return _fail(str(e))
+    if args.json:
+        json.dump(_as_json(res, step), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_result(res, step, run_info, args.all_heads))
+    return EXIT_AGREE if res.agrees else EXIT_DISAGREE
+
+
+def _as_json(res, step) -> dict:  # noqa: ANN001 - ReplayResult, Step (imported lazily)
+    return {"step": res.step, "model": step.model, "mode": step.mode.value, "kernel": res.kernel, "device": res.device,
+            "entry": res.entry, "args": res.args, "args_recorded": res.args_recorded, "tol": res.tol,
+            "agrees": res.agrees, "notes": res.notes,
+            "worst": {c: res.worst(c) for c in ("kernel-vs-reference", "recorded-vs-reference", "kernel-vs-truth")},
+            "diffs": [d.__dict__ for d in res.diffs]}
+
+
+def format_result(res, step, run_info, all_heads: bool = False) -> str:  # noqa: ANN001
+    """The one-screen replay report."""
+    from specscope.backend.replay import COMPARISONS
+
+    lines = [f"step {step.index}: {step.model} {step.mode.value} ({step.graph.value}), bs {step.batch_size} "
+             f"padded {step.padded_batch_size}, T {step.tokens_per_request}, K {step.num_draft_tokens}",
+             f"recorded on {run_info.device} with {run_info.attention_kernel}; replayed {res.entry} on {res.device} "
+             f"with {res.kernel}",
+             "kernel arguments (" + ("recorded at the call" if res.args_recorded else "derived from mode and scalars: "
+                                     "this trace predates attn_call") + "): "
+             + ", ".join(f"{k}={v}" for k, v in res.args.items() if v is not None)]
+    for n in res.notes:
+        lines.append(f"note: {n}")
+    head = f"{'request':>8} {'row':>4} {'head':>4}  " + "  ".join(f"{c:>26}" for c in COMPARISONS)
+    lines += ["", "max abs / relative difference (rel = ||a-b|| / ||b|| over the request's tokens)", head]
+    by: dict[tuple[int, int, int], dict[str, object]] = {}
+    for d in res.diffs:
+        by.setdefault((d.row, d.request_id, d.head), {})[d.comparison] = d
+    rows = sorted(by.items())
+    if not all_heads:
+        worst: dict[tuple[int, int], tuple[tuple[int, int, int], dict[str, object]]] = {}
+        for key, cmp in rows:
+            score = max(getattr(x, "rel", 0.0) for x in cmp.values())
+            k2 = key[:2]
+            if k2 not in worst or score > max(getattr(x, "rel", 0.0) for x in worst[k2][1].values()):
+                worst[k2] = (key, cmp)
+        rows = sorted(worst.values())
+    for (row, rid, h), cmp in rows:
+        cells = []
+        for c in COMPARISONS:
+            d = cmp.get(c)
+            if d is None:
+                cells.append(f"{'-':>26}")
+                continue
+            flag = " !" if d.rel > res.tol else "  "  # type: ignore[attr-defined]
+            cells.append(f"{d.max_abs:>11.3g} / {d.rel:>9.3g}{flag}")  # type: ignore[attr-defined]
+        lines.append(f"{rid:>8} {row:>4} {h if all_heads else str(h) + '*':>4}  " + "  ".join(cells))
+    if not all_heads and rows:
+        lines.append("(* the worst head of each request; --all-heads prints every head)")
+    verdict = "agree" if res.agrees else "DISAGREE"
+    worst_s = ", ".join(f"{c} {res.worst(c):.3g}" for c in COMPARISONS)
+    lines += ["", f"{verdict} within rel. tolerance {res.tol:g} (worst: {worst_s})"]
+    return "\n".join(lines) + "\n"
