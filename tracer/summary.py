@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .reader import TraceReader
 from .schema import ForwardMode
 
+Decoder = Callable[[Sequence[int]], str]
+PROMPT_TAIL = 64  # tokens of each prompt shown before the output
+# `info` runs the invariant catalogue itself (it decodes every step's arrays) up to this many steps.
+CHECK_LIMIT = 20_000
 
-def summarize(reader: TraceReader) -> dict[str, Any]:
-    """Summary of a trace from header columns and SQL aggregates (no array decoding; fine at 100k steps)."""
+
+def summarize(reader: TraceReader, *, decode: Decoder | None = None, tokenizer: str = "ids",
+              run_checks: bool = True) -> dict[str, Any]:
+    """Summary of a trace from header columns and SQL aggregates; `decode` turns token ids into text, and
+    without catalogue verdicts in the trace (and `run_checks`) the catalogue runs here, up to CHECK_LIMIT steps."""
     stats = reader.step_stats()
     hist = reader.accept_histogram()
     rows = sum(hist)
     accepted = sum(n * c for n, c in enumerate(hist))
+    accepted_drafts = accepted - sum(hist[1:])  # every row with accept length >= 1 carries one bonus token
     k = stats["max_verify_draft_tokens"]
     # Real K is a handful; the cap keeps a damaged max(num_draft_tokens) from building a giant list.
     positions = min(max((k or 0) - 1, 0), 4096)
@@ -21,9 +32,15 @@ def summarize(reader: TraceReader) -> dict[str, Any]:
     # i.e. accept_length - 1 > j (accept_length counts the bonus token too).
     rate = [sum(hist[j + 2 :]) / rows if rows else 0.0 for j in range(positions)]
     reqs = reader.requests()
-    violations_by_id = reader.count_violations_by_id()
+    violations_by_id, violations_source = _violations(reader, stats["steps"] or 0, run_checks)
     run = reader.run
     start, end = stats["first_start_ns"], stats["last_end_ns"]
+    # Graph captures run before the first iteration (recorded as iteration -1): count what `run` counts.
+    served = [int(k) for k in reader.count_steps_by("iteration") if int(k) >= 0]
+    drafted = stats["num_drafted_tokens"] or 0
+    texts = [_request_text(r.prompt_tokens, r.output_tokens, decode) for r in reqs]
+    out_chars = sum(len(t["output_text"]) for t in texts if t["output_text"] is not None)
+    out_ws = sum(t["_ws"] for t in texts)
     return {
         "path": reader.path,
         "schema_version": reader.schema_version,
@@ -31,17 +48,25 @@ def summarize(reader: TraceReader) -> dict[str, Any]:
         "run": run.to_dict(),
         "device": run.device,
         "steps": stats["steps"],
-        "iterations": stats["iterations"],
+        "iterations": max(served) + 1 if served else 0,
         "duration_ns": (end - start) if start is not None and end is not None else None,
         "steps_by_mode": _ordered_modes(reader.count_steps_by("mode")),
         "steps_by_graph": reader.count_steps_by("graph"),
         "steps_by_model": reader.count_steps_by("model"),
         "num_verify_rows": rows,
         "mean_accept_length": (accepted / rows) if rows else None,
+        "mean_accept_length_includes_bonus": True,
+        "draft_acceptance": (accepted_drafts / drafted) if drafted else None,
         "accept_length_histogram": hist,
         "accept_rate_by_position": rate,
         "num_violations": sum(violations_by_id.values()),
         "violations_by_id": dict(sorted(violations_by_id.items(), key=lambda kv: _natural(kv[0]))),
+        "violations_source": violations_source,
+        "text": {
+            "tokenizer": tokenizer if decode is not None else "ids",
+            "output_chars": out_chars if decode is not None else None,
+            "output_whitespace_share": (out_ws / out_chars) if decode is not None and out_chars else None,
+        },
         "requests": [
             {
                 "id": r.request_id,
@@ -49,17 +74,44 @@ def summarize(reader: TraceReader) -> dict[str, Any]:
                 "output_tokens": list(r.output_tokens),
                 "num_output_tokens": len(r.output_tokens),
                 "finish_reason": r.finish_reason,
+                **{k: v for k, v in t.items() if not k.startswith("_")},
             }
-            for r in reqs
+            for r, t in zip(reqs, texts, strict=True)
         ],
         "tokens": {
             "num_prompt_tokens": sum(len(r.prompt_tokens) for r in reqs),
             "num_output_tokens": sum(len(r.output_tokens) for r in reqs),
             "num_query_tokens": stats["num_query_tokens"],
             "num_drafted_tokens": stats["num_drafted_tokens"],
-            "num_accepted_tokens": accepted,
+            "num_accepted_tokens": accepted,  # committed by verifies: accepted drafts + one bonus per row
+            "num_accepted_draft_tokens": accepted_drafts,
         },
     }
+
+
+def _violations(reader: TraceReader, num_steps: int, run_checks: bool) -> tuple[dict[str, int], str]:
+    """Counts by check id, and where they come from: the trace's violations table when a checker stored its
+    verdicts there, else the catalogue run now (the table then only holds what the engine recorded)."""
+    table = reader.count_violations_by_id()
+    if not run_checks or reader.violations(source="check") or num_steps > CHECK_LIMIT:
+        return table, "trace"
+    from .checks import check_steps
+
+    return dict(Counter(v.check_id for v in check_steps(reader.steps()))), "catalogue"
+
+
+def _request_text(prompt: Sequence[int], output: Sequence[int], decode: Decoder | None) -> dict[str, Any]:
+    if decode is None:
+        return {"prompt_tail_text": None, "output_text": None, "output_whitespace_share": None, "_ws": 0}
+    out = decode(list(output))
+    ws = sum(ch.isspace() for ch in out)
+    return {"prompt_tail_text": decode(list(prompt[-PROMPT_TAIL:])), "output_text": out,
+            "output_whitespace_share": ws / len(out) if out else None, "_ws": ws}
+
+
+def escape(text: str) -> str:
+    """One line: newlines, tabs and control characters escaped, everything else as is."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
 def _natural(check_id: str) -> tuple[str, int, str]:
@@ -102,7 +154,13 @@ def format_summary(d: dict[str, Any]) -> str:
     if mal is None:
         out.append("accept   no TARGET_VERIFY steps")
     else:
-        out.append(f"accept   mean accept length {mal:.3f} over {d['num_verify_rows']} verify rows")
+        out.append(f"accept   mean accept length {mal:.3f} over {d['num_verify_rows']} verify rows "
+                   "(tokens committed per verify, bonus token included)")
+        if d.get("draft_acceptance") is not None:
+            t = d["tokens"]
+            out.append(f"         draft acceptance {d['draft_acceptance'] * 100:.1f}% = "
+                       f"{t['num_accepted_draft_tokens']} accepted / {t['num_drafted_tokens']} drafted tokens "
+                       "(bonus excluded)")
         for j, r in enumerate(d["accept_rate_by_position"]):
             bar = "#" * round(r * 40)
             out.append(f"  draft {j:<3} {r * 100:6.1f}%  {bar}")
@@ -110,13 +168,43 @@ def format_summary(d: dict[str, Any]) -> str:
     out.append(
         f"tokens   prompt {t['num_prompt_tokens']}  output {t['num_output_tokens']}  "
         f"forward {t['num_query_tokens']}  drafted {t['num_drafted_tokens']}  "
-        f"accepted {t['num_accepted_tokens']}"
+        f"accepted drafts {t['num_accepted_draft_tokens']}  committed by verify {t['num_accepted_tokens']} "
+        "(bonus included)"
     )
-    out.append(f"requests {len(d['requests'])}")
+    txt = d.get("text") or {}
+    ws = txt.get("output_whitespace_share")
+    ws_s = f"; output is {ws * 100:.1f}% whitespace ({txt['output_chars']} characters)" if ws is not None else ""
+    out.append(f"requests {len(d['requests'])}   tokenizer {txt.get('tokenizer', 'ids')}{ws_s}")
     out.append("")
+    src = {"trace": "from the trace's violations table",
+           "catalogue": "the invariant catalogue, run now"}.get(d.get("violations_source", "trace"), "")
     if d["num_violations"]:
         by = "  ".join(f"{k}={v}" for k, v in d["violations_by_id"].items())
-        out.append(f"violations {d['num_violations']}  ({by})")
+        out.append(f"violations {d['num_violations']}  ({by})  [{src}; details: specscope check {d['path']}]")
     else:
-        out.append("violations 0")
+        out.append(f"violations 0  [{src}]")
+    return "\n".join(out) + "\n"
+
+
+def format_texts(d: dict[str, Any]) -> str:
+    """Each request's prompt tail and output as text (escaped, one line each), for `info --text`."""
+    txt = d.get("text") or {}
+    if txt.get("tokenizer", "ids") == "ids":
+        head = "text     no tokenizer for this model (token ids shown)"
+    else:
+        ws = txt.get("output_whitespace_share")
+        head = f"text     tokenizer {txt['tokenizer']}" + (f"; output {ws * 100:.1f}% whitespace" if ws is not None
+                                                          else "")
+    out = [head]
+    for r in d["requests"]:
+        ws = r.get("output_whitespace_share")
+        ws_s = f"  whitespace {ws * 100:.1f}%" if ws is not None else ""
+        out.append(f"request {r['id']}  prompt {r['prompt_len']} tokens  output {r['num_output_tokens']} tokens "
+                   f"({r['finish_reason'] or 'unfinished'}){ws_s}")
+        if r.get("output_text") is None:
+            out.append(f"  output ids {r['output_tokens']}")
+            continue
+        more = "…" if r["prompt_len"] > PROMPT_TAIL else ""
+        out.append(f"  prompt {more}\"{escape(r['prompt_tail_text'])}\"")
+        out.append(f"  output \"{escape(r['output_text'])}\"")
     return "\n".join(out) + "\n"
