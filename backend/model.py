@@ -3,10 +3,16 @@
 Parameter names match Hugging Face's, so HF safetensors load as-is. Two forward paths share weights:
 `forward` (flattened tokens + positions, attention through `fb.attn_backend`, the serving path) and
 `forward_dense` (a plain causal batch through torch SDPA, for training and as the test oracle).
+
+The serving path runs one of the op sets of `fused_ops.py`, chosen per device at the first forward: the plain
+torch ops (always on the CPU: the oracle, unchanged) or, on CUDA, flashinfer's norm / RoPE / SiLU kernels over
+fused QKV and gate/up GEMMs. Fusing re-homes q/k/v (gate/up) weights as row views of one concatenated tensor,
+so both op sets keep working on the same model and the A/B switch costs no memory.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -14,8 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused_ops
 from .attention_layer import AttentionLayer
+from .fused_ops import FlashinferOps, OpsName, TorchOps
 from .model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+Ops = TorchOps | FlashinferOps
 
 
 class RMSNorm(nn.Module):
@@ -93,6 +104,10 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, hkv * d, bias=config.attention_bias)
         self.o_proj = nn.Linear(hq * d, config.hidden_size, bias=config.o_proj_bias)
         self.layer = AttentionLayer(layer_id, hq, hkv, d, d**-0.5)
+        # Filled by `fuse_projections`; non-persistent, so checkpoints and state_dict keep HF's names only.
+        self.register_buffer("qkv_weight", None, persistent=False)
+        self.register_buffer("qkv_bias", None, persistent=False)
+        self._qkv_sizes = (hq * d, hkv * d, hkv * d)
 
     def _qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -109,6 +124,20 @@ class LlamaAttention(nn.Module):
         q, k, v = self._qkv(x, cos, sin)
         out = fb.attn_backend.forward(q, k, v, self.layer, fb)
         return self.o_proj(out.view(x.shape[0], self.num_heads * self.head_dim))
+
+    def fuse_projections(self) -> None:
+        """Concatenate q/k/v into `qkv_weight` (and bias); q/k/v_proj become row views of it."""
+        if self.qkv_weight is None:
+            self.qkv_weight, self.qkv_bias = _fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+
+    def forward_fused(self, x: torch.Tensor, rope_ctx: Any, fb: Any, ops: Ops) -> torch.Tensor:
+        """Serving path with one QKV GEMM and the op set's RoPE: x [N, hidden] -> [N, hidden]."""
+        n = x.shape[0]
+        q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(self._qkv_sizes, dim=-1)
+        q, k = ops.rope(rope_ctx, q, k, self.head_dim)
+        # v stays a strided view of the GEMM output: the KV write takes strides, and a copy would be one more kernel.
+        out = fb.attn_backend.forward(q, k, v.view(n, self.num_kv_heads, self.head_dim), self.layer, fb)
+        return self.o_proj(out.view(n, self.num_heads * self.head_dim))
 
     def forward_dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [B, L, hidden] -> [B, L, hidden] with plain causal attention over each row."""
@@ -130,10 +159,21 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
+        self.register_buffer("gate_up_weight", None, persistent=False)
+        self.register_buffer("gate_up_bias", None, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., hidden] -> [..., hidden]."""
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def fuse_projections(self) -> None:
+        """Concatenate gate/up into `gate_up_weight` (gate rows first, as silu_and_mul expects)."""
+        if self.gate_up_weight is None:
+            self.gate_up_weight, self.gate_up_bias = _fuse_linears([self.gate_proj, self.up_proj])
+
+    def forward_fused(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        """One gate/up GEMM, the op set's SiLU-and-mul, the down GEMM."""
+        return self.down_proj(ops.silu_and_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -150,6 +190,22 @@ class LlamaDecoderLayer(nn.Module):
         """Serving path: x [N, hidden] -> [N, hidden]."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, fb)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None, rope_ctx: Any, fb: Any,
+                      ops: Ops) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fused serving path, SGLang's layout: (x, residual) in, (mlp output, residual stream) out.
+
+        The residual add of each block happens inside the next norm (fused add-RMSNorm), so the stream is
+        carried beside x; the first layer has no residual yet and starts it from the embeddings."""
+        ln = self.input_layernorm
+        if residual is None:
+            residual, x = x, ops.rmsnorm(x, ln.weight, ln.eps)
+        else:
+            x, residual = ops.add_rmsnorm(x, residual, ln.weight, ln.eps)
+        x = self.self_attn.forward_fused(x, rope_ctx, fb, ops)
+        ln = self.post_attention_layernorm
+        x, residual = ops.add_rmsnorm(x, residual, ln.weight, ln.eps)
+        return self.mlp.forward_fused(x, ops), residual
 
     def forward_dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Dense path: x [B, L, hidden] -> [B, L, hidden]."""
@@ -184,6 +240,49 @@ class LlamaForCausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.attention_layers: list[AttentionLayer] = [layer.self_attn.layer for layer in self.model.layers]
+        self._ops_setting: str | None = None  # None: $SPECSCOPE_FUSED_OPS (auto when unset)
+        self._ops: dict[torch.device, Ops | None] = {}  # per device; None = the plain path
+
+    # ---- op selection ------------------------------------------------------------------------------------
+    def set_ops(self, setting: str | None) -> None:
+        """Pick the op set: "plain", "fused-torch", "flashinfer", "auto", or None ($SPECSCOPE_FUSED_OPS).
+
+        Takes effect at the next forward; CUDA graphs already captured keep the ops they were captured with."""
+        if setting is not None:
+            fused_ops.check_setting(setting)
+        self._ops_setting = setting
+        self._ops = {}
+
+    def ops_name(self, device: torch.device | str) -> OpsName:
+        """The op set this model's serving path uses (or will use) on `device`."""
+        device = torch.device(device)
+        if device in self._ops:
+            ops = self._ops[device]
+            return "plain" if ops is None else ops.name
+        return fused_ops.ops_for(device, self.model.embed_tokens.weight.dtype, self._ops_setting)
+
+    def fuse_projections(self) -> None:
+        """Fuse every layer's q/k/v and gate/up weights (idempotent; done at the first fused forward)."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
+
+    def _ops_for(self, device: torch.device) -> Ops | None:
+        ops = self._ops.get(device, False)
+        if ops is not False:
+            return ops
+        name = fused_ops.ops_for(device, self.model.embed_tokens.weight.dtype, self._ops_setting)
+        if name == "plain":
+            self._ops[device] = None
+            return None
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Fusing allocates and copies weights: never inside a capture (GraphRunner warms up before capturing).
+            log.warning("first forward of %s ops ran inside a CUDA-graph capture; using the plain ops", name)
+            return None
+        self.fuse_projections()
+        ops = fused_ops.make_ops(name, self.rotary.inv_freq(device), self.config.max_position_embeddings)
+        self._ops[device] = ops
+        return ops
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] (model dtype) -> logits [..., vocab] float32."""
@@ -206,13 +305,29 @@ class LlamaForCausalLM(nn.Module):
         Returns logits float32 [N or M, vocab], plus the final-normed hidden [N, hidden] (model dtype)
         when `return_hidden`.
         """
-        cos, sin = self.rotary(positions)
-        h = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
-            h = layer(h, cos, sin, fb)
-        h = self.model.norm(h)
+        ops = self._ops_for(input_ids.device)
+        if ops is None:
+            cos, sin = self.rotary(positions)
+            h = self.model.embed_tokens(input_ids)
+            for layer in self.model.layers:
+                h = layer(h, cos, sin, fb)
+            h = self.model.norm(h)
+        else:
+            h = self._forward_fused(input_ids, positions, fb, ops)
         logits = self.compute_logits(h if logits_indices is None else h[logits_indices])
         return (logits, h) if return_hidden else logits
+
+    def _forward_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: Any, ops: Ops) -> torch.Tensor:
+        """The layer stack with a carried residual stream; returns the final-normed hidden [N, hidden]."""
+        rope_ctx = ops.rope_context(positions)
+        h = self.model.embed_tokens(input_ids)  # a fresh tensor: the residual stream may be updated in place
+        residual = None
+        for layer in self.model.layers:
+            h, residual = layer.forward_fused(h, residual, rope_ctx, fb, ops)
+        norm = self.model.norm
+        if residual is None:
+            return ops.rmsnorm(h, norm.weight, norm.eps)
+        return ops.add_rmsnorm(h, residual, norm.weight, norm.eps)[0]
 
     def forward_dense(self, tokens: torch.Tensor) -> torch.Tensor:
         """Causal LM over a dense batch: tokens int64 [B, L] at positions 0..L-1 -> float32 [B, L, vocab]."""
@@ -237,3 +352,25 @@ class LlamaForCausalLM(nn.Module):
     def num_parameters(self) -> int:
         """Total parameter count (tied embeddings counted once)."""
         return sum(p.numel() for p in self.parameters())
+
+
+@torch.no_grad()
+def _fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) with the linears' rows stacked; each linear's parameters become views of it."""
+    weight = torch.cat([lin.weight for lin in linears])
+    bias = torch.cat([lin.bias for lin in linears]) if linears[0].bias is not None else None
+    # The concatenation may run on a side stream (GraphRunner's warm-up); the old storage must not be handed
+    # to another allocation before that stream has read it. record_stream defers the reuse without a host sync.
+    stream = torch.cuda.current_stream(weight.device) if weight.is_cuda else None
+    start = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        old = [lin.weight] + ([lin.bias] if bias is not None else [])
+        lin.weight = nn.Parameter(weight[start:start + n], requires_grad=lin.weight.requires_grad)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start:start + n], requires_grad=lin.bias.requires_grad)
+        if stream is not None:
+            for t in old:
+                t.record_stream(stream)
+        start += n
+    return weight, bias
