@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..tracer.recorder import NullRecorder, Recorder
-from ..tracer.schema import ForwardMode, RequestRecord, Severity, Violation
+from ..tracer.schema import ForwardMode, RequestRecord
 from .engine_config import EngineConfig
 from .forward_batch import ForwardBatch
 from .memory import PageAllocator, ReqToTokenPool, RequestKV
@@ -180,12 +180,11 @@ class Engine:
         rec, graph = runner.begin(fb, self.iteration, self.K)
         compute = self.streams.compute
         with self._span(rec, "compute", "metadata", compute):
-            prep = runner.prepare(fb, graph)
+            prep = runner.prepare(fb, graph, rec)
         with self._span(rec, "compute", "forward", compute):
             logits = runner.execute(prep, rec, logits_indices)
         if rec is not None:
             rec.requests = states()
-            rec.scalars["plan_stream"] = 0
             self.recorder.end_step(rec)
         return logits
 
@@ -241,24 +240,11 @@ class Engine:
     def _spec_iteration(self, reqs: list[Request]) -> None:
         bs, T, dev, faults = len(reqs), self.T, self.device, self.cfg.faults
         s = [r.seq_len for r in reqs]
-        streams = self.streams
+        streams, recorder = self.streams, self.recorder
         plan_on = streams.plan_enabled
-        stale_plan = plan_on and "no-plan-wait" in faults
-        # Producers: KV pages and req_to_token rows for the verify window, then seq_lens (compute stream).
-        for r in reqs:
-            r.kv.ensure(r.seq_len + T, self.pages, self.r2t)
-        verify_ids = torch.zeros(bs * T, dtype=torch.int64, device=dev)
-        verify_pos = [x + t for x in s for t in range(T)]
-        fb_v = self._batch(self.target, ForwardMode.TARGET_VERIFY, reqs, input_ids=verify_ids, positions=verify_pos,
-                           seq_lens=self.seq_lens_buf[:bs], seq_lens_cpu=s, q_lens=[T] * bs)
-        ext_seq = torch.tensor([x + T for x in s], dtype=torch.int32, device=dev)
-        ext_ids = torch.zeros(bs * T, dtype=torch.int64, device=dev)
-        fb_e = self._batch(self.draft, ForwardMode.DRAFT_EXTEND, reqs, input_ids=ext_ids, positions=verify_pos,
-                           seq_lens=ext_seq, seq_lens_cpu=[x + T for x in s], q_lens=[T] * bs)
-        rec_v, graph_v = self.target.begin(fb_v, self.iteration, self.K)
-        rec_e, _ = self.draft.begin(fb_e, self.iteration, self.K)
-        plan_scalars = dict(plan_stream=int(plan_on), plan_waited_producers=int(plan_on and not stale_plan))
-
+        no_wait = plan_on and "no-plan-wait" in faults
+        rec_v, graph_v = self.target.begin_for(ForwardMode.TARGET_VERIFY, None, bs, T, self.iteration, self.K)
+        rec_e, _ = self.draft.begin_for(ForwardMode.DRAFT_EXTEND, None, bs, T, self.iteration, self.K)
         prepared: dict[str, Any] = {}
         where = "plan" if plan_on else "compute"
 
@@ -270,20 +256,34 @@ class Engine:
                                       else (rec_e, self.draft, fb_e, None))
             with streams.on_plan() as stream, nvtx(f"plan: {which} metadata", self.nvtx):
                 with self._span(rec, where, "metadata", stream):
-                    prepared[which] = runner.prepare(fb, graph)
+                    prepared[which] = runner.prepare(fb, graph, rec)
 
-        if stale_plan and dev.type == "cpu":
-            # CPU rendering of the race: the plan stream ran before the producer's seq_lens write landed.
-            plan("verify")
-            plan("extend")
-            self.seq_lens_buf[:bs].copy_(torch.tensor(s, dtype=torch.int32))
-        else:
-            if stale_plan:
+        # Producers of what the verify / draft-extend metadata reads (compute stream): KV pages and req_to_token
+        # rows for the verify window, then seq_lens. Timed as the span "producers" of both steps.
+        with self._span([rec_v, rec_e], "compute", "producers", streams.compute):
+            for r in reqs:
+                r.kv.ensure(r.seq_len + T, self.pages, self.r2t)
+            verify_ids = torch.zeros(bs * T, dtype=torch.int64, device=dev)
+            verify_pos = [x + t for x in s for t in range(T)]
+            fb_v = self._batch(self.target, ForwardMode.TARGET_VERIFY, reqs, input_ids=verify_ids,
+                               positions=verify_pos, seq_lens=self.seq_lens_buf[:bs], seq_lens_cpu=s, q_lens=[T] * bs)
+            ext_seq = torch.tensor([x + T for x in s], dtype=torch.int32, device=dev)
+            ext_ids = torch.zeros(bs * T, dtype=torch.int64, device=dev)
+            fb_e = self._batch(self.draft, ForwardMode.DRAFT_EXTEND, reqs, input_ids=ext_ids, positions=verify_pos,
+                               seq_lens=ext_seq, seq_lens_cpu=[x + T for x in s], q_lens=[T] * bs)
+            if no_wait and dev.type == "cpu":
+                # CPU rendering of the race: the unordered plan stream runs before the producer's seq_lens write
+                # lands, so its metadata reads last iteration's seq_lens (and its spans start inside "producers").
+                plan("verify")
+                plan("extend")
+            elif no_wait:
                 torch.cuda._sleep(10_000_000)  # make the missing edge bite: delay the producer on the GPU
             self.seq_lens_buf[:bs].copy_(torch.tensor(s, dtype=torch.int32).to(dev, non_blocking=True))
-            producers = streams.record_event(streams.compute)
-            if plan_on and not stale_plan:
-                streams.plan_wait(producers)
+        producers = streams.record_event(streams.compute)
+        if no_wait:
+            recorder.fired([rec_v, rec_e], ["no-plan-wait"])
+        elif streams.plan_wait(producers):
+            recorder.wait([rec_v, rec_e], "plan", "compute", "producers")
 
         # Draft decode: N steps, chain (topk=1), each through its own backend / graph.
         drafts: list[torch.Tensor] = []
@@ -305,17 +305,17 @@ class Engine:
         # Target verify.
         plan("verify")
         pv = prepared["verify"]
-        streams.compute_wait_plan()
-        hook_ok = 1
+        if streams.compute_wait_plan():
+            recorder.wait(rec_v, "compute", "plan", "metadata")
         if plan_on:
+            # SGLang calls the fix-up hook unconditionally under the plan stream; before PR #25925 it raised there.
+            # Record what happened and go on (upstream crashed), so the rest of the run is still checked.
             try:
                 self.target.backend.update_verify_buffers_to_fill_after_draft(None, graph_v and pv.fb.batch_size)
             except NotImplementedError as e:
-                hook_ok = 0
-                if rec_v is not None:
-                    rec_v.violations.append(Violation(
-                        "I28", Severity.ERROR, -1, "step {step}: the plan stream called "
-                        f"update_verify_buffers_to_fill_after_draft and it raised NotImplementedError ({e})"))
+                recorder.error(rec_v, "update_verify_buffers_to_fill_after_draft", e)
+                if "missing-fixup-hook" in faults:
+                    recorder.fired(rec_v, ["missing-fixup-hook"])
         draft_mat = torch.stack(drafts, 1) if drafts else torch.zeros(bs, 0, dtype=torch.int64, device=dev)
         root = torch.tensor([r.root for r in reqs], dtype=torch.int64, device=dev)
         verify_ids.copy_(torch.cat([root[:, None], draft_mat], 1).view(-1))
@@ -340,7 +340,6 @@ class Engine:
         s_after = [x + len(a) for x, a in zip(s, accepted, strict=True)]
         if rec_v is not None:
             rec_v.requests = request_states(reqs, s, s_after, [T] * bs, d_host, accepted)
-            rec_v.scalars.update(plan_scalars, fixup_hook_ok=hook_ok, compute_waited_plan=int(plan_on))
             self.recorder.end_step(rec_v)
         for acc in accepted:
             self.stats.verify_rows += 1
@@ -351,12 +350,12 @@ class Engine:
         # Draft extend over [root, predict[0..T-2]]: refills draft KV for the window with target tokens.
         ext_ids.copy_(torch.cat([root[:, None], torch.tensor([p[:T - 1] for p in predict], dtype=torch.int64,
                                                              device=dev)], 1).view(-1))
-        streams.compute_wait_plan()
+        if streams.compute_wait_plan():
+            recorder.wait(rec_e, "compute", "plan", "metadata")
         with nvtx("draft extend", self.nvtx), self._span(rec_e, "compute", "forward", streams.compute):
             self.draft.execute(pe, rec_e, torch.arange(T - 1, bs * T, T, device=dev))
         if rec_e is not None:
             rec_e.requests = request_states(reqs, s, [x + T for x in s], [T] * bs)
-            rec_e.scalars.update(plan_scalars, compute_waited_plan=int(plan_on))
             self.recorder.end_step(rec_e)
 
         # Commit: rejected draft slots past the new length go back to the allocator.

@@ -77,6 +77,10 @@ class FlashinferKernels:
         self.prefill_workspace = (self.workspace if self.arch == "trtllm-gen"
                                   else torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device))
         self.name = f"{self.arch}+{self.prefill}"
+        # Entry points, as a CallError names them when a launch (or its argument check) raises.
+        self.decode_entry = "trtllm_batch_decode_with_kv_cache"
+        self.context_entry = {"fmha_v2": "trtllm_fmha_v2_prefill", "trtllm-gen": "trtllm_batch_context_with_kv_cache",
+                              "flashinfer": "BatchPrefillWithPagedKVCacheWrapper.run"}[self.prefill]
         self._prefill_wrapper = None
 
     def decode(self, q: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,

@@ -127,8 +127,9 @@ class GraphRunner:
         bs = self.padded_size(raw_bs)
         n_raw, n = raw_bs * self.tokens_per_req, bs * self.tokens_per_req
         fill = self.backend.get_cuda_graph_seq_len_fill_value()
-        if self.pad_seq_len_from_live:
+        if self.pad_seq_len_from_live and bs > raw_bs and int(live.seq_lens_cpu.max()) != fill:
             fill = int(live.seq_lens_cpu.max())
+            self.backend.fired.append("padded-row-seqlen")  # accounting only: this replay's padded rows changed
         self.seq_lens[:raw_bs].copy_(live.seq_lens)
         self.seq_lens[raw_bs:bs].fill_(fill)
         self.seq_lens_cpu[:raw_bs].copy_(live.seq_lens_cpu)

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..tracer.recorder import NullRecorder, Recorder, StepRecord
-from ..tracer.schema import ForwardMode, GraphPhase, Severity, Violation
+from ..tracer.recorder import NullRecorder, Recorder, StepRecord, is_sticky_cuda_error
+from ..tracer.schema import ForwardMode, GraphPhase
 from .forward_batch import ForwardBatch
 from .graph_runner import GraphRunner
 from .memory import KVPool, ReqToTokenPool
@@ -94,6 +94,7 @@ class ModelRunner:
                     padded_batch_size=bs, graph=GraphPhase.CAPTURE, tokens_per_request=tpr,
                     num_draft_tokens=backend.speculative_num_draft_tokens, page_size=self.page_size)
                 fb = runner.prepare_capture(bs)
+                self.recorder.fired(rec, backend.take_fired())
                 with self._record_failure(rec, backend, fb):
                     runner.capture_forward(fb)
                 if rec is not None:
@@ -102,44 +103,57 @@ class ModelRunner:
 
     @contextlib.contextmanager
     def _record_failure(self, rec: StepRecord | None, backend: TRTLLMHABackend, fb: ForwardBatch) -> Iterator[None]:
-        """If the forward raises (a kernel rejecting its arguments), still record the step, with the metadata
-        it was given and the error as violation K1, so the trace shows what the kernel was handed."""
+        """If the forward raises (a kernel rejecting its arguments, a sticky CUDA error), still record the step:
+        the error as a CallError (the call, the exception type, its message verbatim) and, unless the device is
+        gone, the metadata the kernel was handed. The catalogue decides what it means (K1)."""
         try:
             yield
         except Exception as e:
+            fatal = is_sticky_cuda_error(e)
+            call, backend.calling = backend.calling or "forward", None
             if rec is not None:
-                self.record_snapshot(rec, backend, fb, None)
-                rec.violations.append(Violation("K1", Severity.ERROR, -1, "step {step}: the kernel call failed: "
-                                                f"{type(e).__name__}: {e}"))
+                self.recorder.error(rec, call, e, fatal=fatal)
+                if not fatal:
+                    self.record_snapshot(rec, backend, fb, None)
                 self.recorder.end_step(rec)
             raise
 
     # ---- one forward ---------------------------------------------------------------------------------
     def begin(self, live: ForwardBatch, iteration: int, num_draft_tokens: int) -> tuple[StepRecord | None, Any]:
         """Open the step record for a forward of `live` (eager, or a replay of the matching graph)."""
-        runner = self.runners.get((live.forward_mode, live.spec_step_id))
-        padded = runner.padded_size(live.batch_size) if runner else live.batch_size
+        return self.begin_for(live.forward_mode, live.spec_step_id, live.batch_size, _tokens_per_request(live),
+                              iteration, num_draft_tokens)
+
+    def begin_for(self, mode: ForwardMode, step_id: int | None, batch_size: int, tokens_per_request: int,
+                  iteration: int, num_draft_tokens: int) -> tuple[StepRecord | None, Any]:
+        """Open the step record of a forward before its batch exists (so spans of its producers can go on it)."""
+        runner = self.runners.get((mode, step_id))
+        padded = runner.padded_size(batch_size) if runner else batch_size
         rec = self.recorder.begin_step(
-            iteration=iteration, mode=live.forward_mode, model=self.name, step_id=live.spec_step_id,
-            batch_size=live.batch_size, padded_batch_size=padded,
-            graph=GraphPhase.REPLAY if runner else GraphPhase.EAGER,
-            tokens_per_request=_tokens_per_request(live), num_draft_tokens=num_draft_tokens,
-            page_size=self.page_size)
+            iteration=iteration, mode=mode, model=self.name, step_id=step_id, batch_size=batch_size,
+            padded_batch_size=padded, graph=GraphPhase.REPLAY if runner else GraphPhase.EAGER,
+            tokens_per_request=tokens_per_request, num_draft_tokens=num_draft_tokens, page_size=self.page_size)
         return rec, runner
 
-    def prepare(self, live: ForwardBatch, runner: GraphRunner | None) -> Prepared:
-        """Metadata for the forward: `_apply` into the graph's buffers, or eager init."""
+    def prepare(self, live: ForwardBatch, runner: GraphRunner | None, rec: StepRecord | None = None) -> Prepared:
+        """Metadata for the forward: `_apply` into the graph's buffers, or eager init (faults that changed it are
+        noted on `rec`, for fault accounting)."""
         backend = self.backend_for(live.forward_mode, live.spec_step_id)
         if runner is None:
             live.attn_backend = backend
             backend.init_forward_metadata(live)
-            return Prepared(live, backend, None, live)
-        return Prepared(runner.replay_prepare(live), backend, runner, live)
+            prep = Prepared(live, backend, None, live)
+        else:
+            prep = Prepared(runner.replay_prepare(live), backend, runner, live)
+        self.recorder.fired(rec, backend.take_fired())
+        return prep
 
     def execute(self, prep: Prepared, rec: StepRecord | None,
                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
         """Run the forward (compute stream); returns float32 logits `[live num_tokens, vocab]` (eager steps:
         only the rows in `logits_indices`, when given; an 8B vocab over a whole prefill would not fit)."""
+        if rec is not None:
+            self.recorder.assign_index(rec)  # numbered at launch, so --record-attention N can sample by index
         if prep.runner is not None:
             prep.runner.copy_draft_dependent_inputs(prep.live, prep.fb.batch_size)
             with self._record_failure(rec, prep.backend, prep.fb):
@@ -228,8 +242,9 @@ class ModelRunner:
             max_context_len=backend.max_context_len, num_kv_pages=self.num_kv_pages,
             seq_len_fill_value=backend.get_cuda_graph_seq_len_fill_value(),
             backend_num_draft_tokens=backend.speculative_num_draft_tokens,
-            refreshed_page_cols=md.refreshed_page_cols, seq_lens_cpu_max=int(fb.seq_lens_cpu.max()),
             speculative_step_id=backend.speculative_step_id)
+        # The host mirror the backend sized its refresh from, as it is now (checked against device seq_lens).
+        self.recorder.snapshot_host(rec, "seq_lens_cpu", fb.seq_lens_cpu)
         if md.captured_max_seq_len_q is not None:
             rec.scalars["captured_max_seq_len_q"] = md.captured_max_seq_len_q
 

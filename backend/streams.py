@@ -1,4 +1,7 @@
-"""Compute and plan streams: real CUDA streams on a GPU, host-ordered no-ops on the CPU; NVTX ranges per phase."""
+"""Compute and plan streams: real CUDA streams on a GPU, host-ordered no-ops on the CPU; NVTX ranges per phase.
+
+The wait methods say whether they enqueued a wait, so the engine records exactly the wait edges it enqueued.
+"""
 
 from __future__ import annotations
 
@@ -36,15 +39,22 @@ class Streams:
         ev.record(stream)
         return ev
 
-    def plan_wait(self, event: Any) -> None:
-        """Order the plan stream after `event` (the producers of seq_lens and req_to_token)."""
+    def plan_wait(self, event: Any) -> bool:
+        """Order the plan stream after `event` (the producers of seq_lens and req_to_token); True when a wait was
+        enqueued (on the CPU the emulated plan stream runs in host order, so the wait is enqueued trivially)."""
+        if not self.plan_enabled:
+            return False
         if self.plan is not None and event is not None:
             self.plan.wait_event(event)
+        return True
 
-    def compute_wait_plan(self) -> None:
-        """Order the compute stream after everything enqueued on the plan stream."""
+    def compute_wait_plan(self) -> bool:
+        """Order the compute stream after everything enqueued on the plan stream; True when a wait was enqueued."""
+        if not self.plan_enabled:
+            return False
         if self.plan is not None:
             self.compute.wait_stream(self.plan)
+        return True
 
 
 @contextlib.contextmanager

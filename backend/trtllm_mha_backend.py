@@ -49,7 +49,6 @@ class TRTLLMMHAMetadata:
     page_table: torch.Tensor | None = None  # int32 [rows, W]: physical page of logical page j
     # Graph bookkeeping (not in SGLang's dataclass; we record it so checks can compare capture and replay).
     captured_max_seq_len_q: int | None = None  # the value the graph froze; None for eager metadata
-    refreshed_page_cols: int = -1  # page-table columns the last apply wrote (-1: the whole eager table)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -57,6 +56,9 @@ class TRTLLMMHAMetadata:
         """`q_len_per_req` the kernel runs with: the captured value inside a graph, else the live one."""
         return self.max_seq_len_q if self.captured_max_seq_len_q is None else self.captured_max_seq_len_q
 
+
+# Fault `wild-page-id` (GPU only): a page id far outside any KV pool; the kernel faults on it (illegal address).
+WILD_PAGE_ID = (1 << 31) - 1
 
 _GRAPH_KINDS = (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
@@ -80,6 +82,8 @@ class TRTLLMHABackend(AttentionBackend):
         self.device = device
         self.faults = faults
         self.forward_metadata = TRTLLMMHAMetadata()
+        self.fired: list[str] = []  # faults that changed the metadata since `take_fired` (accounting only)
+        self.calling: str | None = None  # the kernel entry point being called (named in a CallError if it raises)
         self.graph_metadata: dict[tuple[ForwardMode, int], TRTLLMMHAMetadata] = {}
         self._buffers: dict[ForwardMode, dict[str, torch.Tensor]] = {}
         self._masks: dict[int, torch.Tensor] = {}
@@ -127,7 +131,23 @@ class TRTLLMHABackend(AttentionBackend):
         strided = torch.arange(0, width * self.page_size, self.page_size, device=dev)
         rpi = fb.req_pool_indices[:bs]
         md.page_table = (self.req_to_token[rpi[:, None], strided[None, :]] // self.page_size).to(torch.int32)
+        self._wild_page(md, mode, bs)
         self.forward_metadata = md
+
+    def take_fired(self) -> list[str]:
+        """The faults that changed metadata since the last call (for the step being prepared)."""
+        out, self.fired = self.fired, []
+        return out
+
+    def _fire(self, fault: str) -> None:
+        if fault not in self.fired:
+            self.fired.append(fault)
+
+    def _wild_page(self, md: TRTLLMMHAMetadata, mode: ForwardMode, bs: int) -> None:
+        # Fault `wild-page-id`: the verify kernel is handed a page id no pool has (no argument check looks).
+        if "wild-page-id" in self.faults and mode == ForwardMode.TARGET_VERIFY and bs:
+            md.page_table[0, 0] = WILD_PAGE_ID
+            self._fire("wild-page-id")
 
     # ---- CUDA graphs ---------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
@@ -177,12 +197,16 @@ class TRTLLMHABackend(AttentionBackend):
             md.max_seq_len_k = s_max
         elif mode == ForwardMode.DRAFT_DECODE:
             off = self.speculative_step_id + 1
-            if not (in_capture and "zero-cache-seqlens-at-capture" in self.faults):
+            if in_capture and "zero-cache-seqlens-at-capture" in self.faults:
+                self._fire("zero-cache-seqlens-at-capture")
+            else:
                 md.cache_seqlens_int32.copy_(seq_lens + off)
             md.max_seq_len_k = s_max + off
         elif mode == ForwardMode.TARGET_VERIFY:
             if "max-seq-len-q-override" in self.faults:
                 md.max_seq_len_q = self.speculative_num_draft_tokens  # the line PR #27495 removed
+                if md.max_seq_len_q != fb.num_tokens // bs:
+                    self._fire("max-seq-len-q-override")  # only bites when the runner's T differs from K
             md.cache_seqlens_int32.copy_(seq_lens + md.max_seq_len_q)
             md.max_seq_len_k = s_max + md.max_seq_len_q
         elif mode == ForwardMode.DRAFT_EXTEND:
@@ -196,9 +220,9 @@ class TRTLLMHABackend(AttentionBackend):
             rpi = fb.req_pool_indices[:bs]
             md.page_table[:, :n_pages].copy_(
                 self.req_to_token[rpi[:, None], self._strided[None, :n_pages]] // self.page_size)
-            md.refreshed_page_cols = n_pages
-        else:
-            md.refreshed_page_cols = 0
+        elif n_pages:
+            self._fire("stale-page-table")  # the refresh was skipped: the kernel reads what the buffer held
+        self._wild_page(md, mode, bs)
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, num_tokens: int, fb: ForwardBatch) -> None:
         """Capture: build + apply, then freeze the scalars the graph bakes in."""
@@ -256,10 +280,12 @@ class TRTLLMHABackend(AttentionBackend):
         if save_kv_cache:
             self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k, v)
         md = self.forward_metadata
+        self.calling = f"kernel:{getattr(self.kernels, 'decode_entry', 'decode')}"
         out = self.kernels.decode(
             q, self.kv_pool.kv_buffer[layer.layer_id], md.page_table,
             md.cache_seqlens_int32, q_len_per_req=1, page_size=self.page_size, scaling=layer.scaling,
             mask=None, max_seq_len=self.max_context_len)
+        self.calling = None
         out = out.reshape(q.shape[0], -1)
         self._probe(layer, q, out)
         return out
@@ -276,15 +302,18 @@ class TRTLLMHABackend(AttentionBackend):
         if fb.forward_mode == ForwardMode.TARGET_VERIFY:
             t = md.kernel_q_len
             rows = q.shape[0] // t
+            self.calling = f"kernel:{getattr(self.kernels, 'decode_entry', 'decode')}"
             out = self.kernels.decode(
                 q, kv_cache, md.page_table, md.cache_seqlens_int32, q_len_per_req=t,
                 page_size=self.page_size, scaling=layer.scaling, mask=self.spec_mask(rows, t),
                 max_seq_len=self.max_context_len)
         else:
+            self.calling = f"kernel:{getattr(self.kernels, 'context_entry', 'context')}"
             out = self.kernels.context(
                 q, kv_cache, md.page_table, md.cache_seqlens_int32, md.cu_seqlens_q, md.cu_seqlens_k,
                 max_q_len=md.kernel_q_len, max_kv_len=self.max_context_len,
                 batch_size=md.cu_seqlens_q.shape[0] - 1, page_size=self.page_size, scaling=layer.scaling)
+        self.calling = None
         out = out.reshape(q.shape[0], -1)
         self._probe(layer, q, out)
         return out

@@ -106,4 +106,5 @@ def differential_check(steps: Iterable[Step], tol: float = REL_TOL) -> Iterator[
                         else "the output differs from attention over the request's own KV (req_to_token, positions)")
                 yield Violation(cid, Severity.ERROR, step.index,
                                 f"step {step.index} ({step.model} {step.mode.value}) request {rid} row {b}: {what}: "
-                                f"rel. error {err:.3g} > {tol:g}", rid)
+                                f"rel. error {err:.3g} > {tol:g}", rid, array="attn_out", row=b,
+                                found=f"rel. error {err:.3g}", expected=f"<= {tol:g}")

@@ -3,27 +3,37 @@ consumed into schema records and hands them to the trace writer.
 
 Hot-path rule: on a GPU nothing here synchronizes. Metadata snapshots are copied device->host with
 `non_blocking` copies into pinned staging buffers and timed with CUDA events; a step is turned into a
-record only once its last event has completed (`poll`), and the SQLite work happens on the writer's thread.
+record only once its last event has completed (`poll`), and the SQLite work happens in the writer's process.
 With tracing off the engine uses `NullRecorder`, whose methods do nothing.
+
+What the engine records are facts, never verdicts: spans (stream, documented name, start/end ns), the wait
+edges it really enqueued (`StreamWait`), calls that raised (`CallError`, message verbatim) and, for fault
+accounting only, the injected faults that changed a step. Only `tracer/checks.py` turns facts into violations.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .process_writer import ProcessTraceWriter
-from .schema import ForwardMode, GraphPhase, RequestRecord, Violation
+from .schema import CallError, ForwardMode, GraphPhase, RequestRecord, StreamWait
 
 _NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8",
               torch.bool: "bool", torch.float32: "float32"}
+
+
+def is_sticky_cuda_error(e: BaseException) -> bool:
+    """A CUDA error that poisons the context (illegal address, launch failure): every later call fails too."""
+    return type(e).__name__ == "AcceleratorError" or (isinstance(e, RuntimeError) and "CUDA error" in str(e))
 
 
 @dataclass
@@ -42,7 +52,7 @@ class _PendingSpan:
     end: Any
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the recorder finds records in its lists by object, not by value
 class StepRecord:
     """A step under construction; the engine fills it, `Recorder.end_step` queues it."""
 
@@ -63,9 +73,39 @@ class StepRecord:
     requests: dict[str, list[Any]] = field(default_factory=dict)  # columns, see process_writer
     packs: list[_PendingPack] = field(default_factory=list)
     floats: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # sampled attention inputs/outputs
+    host_arrays: list[tuple[str, np.ndarray, int]] = field(default_factory=list)  # host tensors: name, copy, ptr
     spans: list[_PendingSpan] = field(default_factory=list)
-    violations: list[Violation] = field(default_factory=list)  # step=-1 and "{step}" until the step ends
+    waits: list[StreamWait] = field(default_factory=list)
+    errors: list[CallError] = field(default_factory=list)
+    faults_fired: list[str] = field(default_factory=list)
     done_event: Any = None  # CUDA event after the last async copy of this step
+
+
+class EventClock:
+    """CUDA event times as integer nanoseconds on the host clock (`time.perf_counter_ns`), exact over long runs.
+
+    `elapsed_time` is a float32 number of milliseconds: measured from one epoch it has a resolution of 60 ns
+    after 1 s and 200 us after an hour. So times are measured from an anchor that moves forward: the anchor is
+    a completed event whose ns time is known, and after each resolved step the step's last event becomes the
+    next anchor. Hops are a step apart (well under 16 ms while the GPU is busy), where a float32 millisecond
+    count still holds every nanosecond, so rounding recovers the integer and no error accumulates.
+    """
+
+    def __init__(self, anchor: Any, anchor_ns: int,
+                 elapsed_ms: Callable[[Any, Any], float] = lambda a, b: a.elapsed_time(b)) -> None:
+        self.anchor = anchor
+        self.anchor_ns = int(anchor_ns)
+        self._elapsed_ms = elapsed_ms
+
+    def ns(self, event: Any) -> int:
+        """The host-clock time of a completed event."""
+        return self.anchor_ns + round(self._elapsed_ms(self.anchor, event) * 1e6)
+
+    def advance(self, event: Any) -> Any:
+        """Make a completed `event` the anchor; returns the previous anchor (free to reuse)."""
+        t = self.ns(event)
+        old, self.anchor, self.anchor_ns = self.anchor, event, t
+        return old
 
 
 class NullRecorder:
@@ -80,16 +120,32 @@ class NullRecorder:
     def end_step(self, rec: Any) -> None:
         """No-op."""
 
+    def assign_index(self, rec: Any) -> int:
+        """No-op."""
+        return -1
+
     def snapshot_pack(self, rec: Any, packed: torch.Tensor, layout: list[Any], crop_cols: dict[str, int]) -> None:
         """No-op."""
 
     def snapshot_float(self, rec: Any, name: str, t: torch.Tensor) -> None:
         """No-op."""
 
+    def snapshot_host(self, rec: Any, name: str, t: torch.Tensor) -> None:
+        """No-op."""
+
     @contextlib.contextmanager
     def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> Iterator[None]:
         """No-op."""
         yield
+
+    def wait(self, rec: Any, stream: str, on_stream: str, on_span: str) -> None:
+        """No-op."""
+
+    def error(self, rec: Any, call: str, exc: BaseException, fatal: bool = False) -> None:
+        """No-op."""
+
+    def fired(self, rec: Any, faults: Any) -> None:
+        """No-op."""
 
     def write_request(self, rec: RequestRecord) -> None:
         """No-op."""
@@ -99,6 +155,14 @@ class NullRecorder:
 
     def close(self) -> None:
         """No-op."""
+
+
+def _recs(rec: Any) -> list[StepRecord]:
+    if rec is None:
+        return []
+    if isinstance(rec, (list, tuple)):
+        return [r for r in rec if r is not None]
+    return [rec]
 
 
 class Recorder:
@@ -112,25 +176,36 @@ class Recorder:
         self.is_cuda = device.type == "cuda"
         self._next_index = 0
         self._pending: deque[StepRecord] = deque()
+        self._open: list[StepRecord] = []  # begun, not ended (their order decides which step a crash marks)
         self._ring = PinnedRing(ring_int64) if self.is_cuda else None
         self._free_events: list[Any] = []
-        self._epoch = None
+        self._clock: EventClock | None = None
+        self._failed: BaseException | None = None  # a sticky CUDA error: no device call may run any more
         if self.is_cuda:
             # One synchronized epoch event puts every stream's event times on the host clock's axis.
             torch.cuda.synchronize(device)
-            self._epoch = torch.cuda.Event(enable_timing=True)
-            self._epoch.record(torch.cuda.current_stream(device))
+            epoch = torch.cuda.Event(enable_timing=True)
+            epoch.record(torch.cuda.current_stream(device))
             torch.cuda.synchronize(device)
-            self._epoch_ns = time.perf_counter_ns()
+            self._clock = EventClock(epoch, time.perf_counter_ns())
 
     def begin_step(self, *, iteration: int, mode: ForwardMode, model: str, step_id: int | None,
                    batch_size: int, padded_batch_size: int, graph: GraphPhase, tokens_per_request: int,
                    num_draft_tokens: int, page_size: int) -> StepRecord:
         """Open a step record."""
-        # The index is given when the step ends: steps are numbered in the order their forwards were issued
-        # (a verify prepared on the plan stream before the draft still comes after it).
-        return StepRecord(-1, iteration, mode, model, step_id, batch_size, padded_batch_size, graph,
-                          tokens_per_request, num_draft_tokens, page_size, time.perf_counter_ns())
+        rec = StepRecord(-1, iteration, mode, model, step_id, batch_size, padded_batch_size, graph,
+                         tokens_per_request, num_draft_tokens, page_size, time.perf_counter_ns())
+        self._open.append(rec)
+        return rec
+
+    def assign_index(self, rec: StepRecord) -> int:
+        """Give `rec` its step index now (idempotent): steps are numbered in the order their forwards were issued
+        (a verify prepared on the plan stream before the draft still comes after it), so the engine calls this
+        when it launches a forward; `end_step` numbers any step not numbered yet."""
+        if rec.index < 0:
+            rec.index = self._next_index
+            self._next_index += 1
+        return rec.index
 
     def snapshot_pack(self, rec: StepRecord, packed: torch.Tensor,
                       layout: list[tuple[str, torch.dtype, tuple[int, ...], int]], crop_cols: dict[str, int]) -> None:
@@ -157,44 +232,85 @@ class Recorder:
             host = t.detach().clone()
         rec.floats.append((name, host))
 
+    def snapshot_host(self, rec: StepRecord, name: str, t: torch.Tensor) -> None:
+        """Record a host tensor (e.g. the `seq_lens_cpu` mirror) as it is now: a host copy, no device work."""
+        rec.host_arrays.append((name, t.detach().numpy().copy(), int(t.data_ptr())))
+
     @contextlib.contextmanager
-    def span(self, rec: StepRecord, stream: str, name: str, cuda_stream: Any = None) -> Iterator[None]:
-        """Time a region: with CUDA events on `cuda_stream` on a GPU, else with the host clock."""
+    def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> Iterator[None]:
+        """Time a region for one step or a list of steps: with CUDA events on `cuda_stream` on a GPU, else with
+        the host clock. Span names are documented in docs/trace-format.md ("producers", "metadata", "forward")."""
+        recs = _recs(rec)
         if self.is_cuda and cuda_stream is not None:
-            start, end = self._event(), self._event()
-            start.record(cuda_stream)
+            starts = [self._event() for _ in recs]
+            for e in starts:
+                e.record(cuda_stream)
             yield
-            end.record(cuda_stream)
-            rec.spans.append(_PendingSpan(stream, name, start, end))
+            for r, start in zip(recs, starts, strict=True):
+                end = self._event()
+                end.record(cuda_stream)
+                r.spans.append(_PendingSpan(stream, name, start, end))
         else:
             t0 = time.perf_counter_ns()
             yield
-            rec.spans.append(_PendingSpan(stream, name, t0, time.perf_counter_ns()))
+            t1 = time.perf_counter_ns()
+            for r in recs:
+                r.spans.append(_PendingSpan(stream, name, t0, t1))
+
+    def wait(self, rec: Any, stream: str, on_stream: str, on_span: str) -> None:
+        """Record a wait edge the engine has just enqueued: `stream` waits for span `on_span` of `on_stream`."""
+        for r in _recs(rec):
+            r.waits.append(StreamWait(stream, on_stream, on_span))
+
+    def error(self, rec: Any, call: str, exc: BaseException, fatal: bool = False) -> None:
+        """Record that `call` raised for this step (type and message verbatim)."""
+        for r in _recs(rec):
+            r.errors.append(CallError(call, type(exc).__name__, str(exc), fatal))
+        if fatal:
+            self._failed = exc  # the device is gone: from now on nothing is enqueued, synchronized or queried
+
+    def fired(self, rec: Any, faults: Any) -> None:
+        """Fault accounting: these injected faults changed this step (never an input to detection)."""
+        for r in _recs(rec):
+            for f in faults:
+                if f not in r.faults_fired:
+                    r.faults_fired.append(f)
 
     def end_step(self, rec: StepRecord) -> None:
         """Close the step; it is written once its device work completes."""
         rec.end_ns = time.perf_counter_ns()
-        rec.index = self._next_index
-        self._next_index += 1
-        rec.violations = [dataclasses.replace(v, step=rec.index, message=v.message.replace("{step}", str(rec.index)))
-                          for v in rec.violations]
-        if self.is_cuda:
+        self.assign_index(rec)
+        if rec in self._open:
+            self._open.remove(rec)
+        if self.is_cuda and self._failed is None:
             ev = self._event()
             ev.record(torch.cuda.current_stream(self.device))
             rec.done_event = ev
-        self._pending.append(rec)
-        self.poll()
+        # Keep the queue in index order (a step numbered at launch may end after a later-numbered one).
+        i = len(self._pending)
+        while i and self._pending[i - 1].index > rec.index:
+            i -= 1
+        self._pending.insert(i, rec)
+        if self._failed is None:
+            self.poll()
 
     def poll(self) -> None:
         """Write every pending step whose device work has completed (in order; never blocks)."""
+        if self._failed is not None:
+            return
         while self._pending:
             rec = self._pending[0]
-            if rec.done_event is not None and not rec.done_event.query():
-                return
-            if any(isinstance(s.end, torch.cuda.Event) and not s.end.query() for s in rec.spans):
+            if any(o.index >= 0 and o.index < rec.index for o in self._open):
+                return  # an earlier-numbered step is still being built
+            if not self._complete(rec):
                 return
             self._pending.popleft()
             self.writer.write_raw_step(self._resolve(rec))
+
+    def _complete(self, rec: StepRecord) -> bool:
+        if rec.done_event is not None and not rec.done_event.query():
+            return False
+        return not any(isinstance(s.end, torch.cuda.Event) and not s.end.query() for s in rec.spans)
 
     def _event(self) -> Any:
         # Events are reused once their step is written: creating one costs more than recording it.
@@ -211,11 +327,47 @@ class Recorder:
         self.writer.write_request(rec)
 
     def close(self) -> None:
-        """Wait for the device, write everything pending, and close the trace."""
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)
-        self.poll()
+        """Wait for the device, write everything pending, and close the trace.
+
+        After a sticky CUDA error (the run is failing with it, or synchronizing raises it) nothing touches the
+        device again: every pending and unfinished step is written from its host-side record, the step the
+        error hit carries it as a fatal CallError, and the trace is closed; the caller's exception goes on."""
+        failing = sys.exc_info()[1]
+        if failing is not None and is_sticky_cuda_error(failing):
+            self._failed = failing
+        if self.is_cuda and self._failed is None:
+            try:
+                torch.cuda.synchronize(self.device)
+                self.poll()
+            except Exception as e:  # noqa: BLE001 - only sticky CUDA errors are absorbed here
+                if not is_sticky_cuda_error(e):
+                    raise
+                self._failed = e
+        elif self._failed is None:
+            self.poll()
+        if self._failed is not None:
+            self._write_after_failure(self._failed)
         self.writer.close()
+
+    def _write_after_failure(self, err: BaseException) -> None:
+        """Write every step still held (pending, then begun-but-unfinished) from host-side data only."""
+        recs = list(self._pending) + [r for r in self._open if r not in self._pending]
+        self._pending.clear()
+        self._open.clear()
+        for r in recs:
+            self.assign_index(r)
+        recs.sort(key=lambda r: r.index)
+        if recs and not any(e.fatal for r in recs for e in r.errors):
+            # The error surfaces at the first host sync after the faulting launch: the step being built then
+            # (or the last one issued) is where it hit.
+            hit = next((r for r in reversed(recs) if r.end_ns == 0), recs[-1])
+            hit.errors.append(CallError("cuda", type(err).__name__, str(err), True))
+        for r in recs:
+            r.end_ns = r.end_ns or time.perf_counter_ns()
+            if self.is_cuda:
+                r.packs, r.floats, r.done_event = [], [], None  # device copies may never have landed
+                r.spans = [s for s in r.spans if not isinstance(s.start, torch.cuda.Event)]
+            self.writer.write_raw_step(self._resolve(r))
 
     def _resolve(self, rec: StepRecord) -> dict[str, Any]:
         """The step in the compact form the writer process turns into a schema Step (`step_from_raw`).
@@ -224,15 +376,14 @@ class Recorder:
         spans = []
         for s in rec.spans:
             if isinstance(s.start, torch.cuda.Event):
-                start = self._epoch_ns + int(self._epoch.elapsed_time(s.start) * 1e6)
-                end = self._epoch_ns + int(self._epoch.elapsed_time(s.end) * 1e6)
-                spans.append((s.stream, s.name, start, end))
+                spans.append((s.stream, s.name, self._clock.ns(s.start), self._clock.ns(s.end)))
             else:
                 spans.append((s.stream, s.name, int(s.start), int(s.end)))
         packs = [(p.host.numpy().copy(), [(n, _NP_DTYPES[d], sh, ptr) for n, d, sh, ptr in p.layout], p.crop_cols)
                  for p in rec.packs]
         floats = [(name, "float32" if t.is_floating_point() else _NP_DTYPES[t.dtype], tuple(t.shape), 0,
                    t.float().numpy() if t.is_floating_point() else t.numpy()) for name, t in rec.floats]
+        floats += [(name, str(v.dtype), tuple(v.shape), ptr, v) for name, v, ptr in rec.host_arrays]
         for p in rec.packs:
             if p.slot is not None:
                 self._ring.release(p.slot)
@@ -240,14 +391,16 @@ class Recorder:
             self._free_events.extend(e for sp in rec.spans for e in (sp.start, sp.end)
                                      if isinstance(e, torch.cuda.Event))
             if rec.done_event is not None:
-                self._free_events.append(rec.done_event)
+                # The step's last event becomes the clock's anchor; the previous anchor goes back to the pool.
+                self._free_events.append(self._clock.advance(rec.done_event))
         header = dict(index=rec.index, iteration=rec.iteration, mode=rec.mode.value, model=rec.model,
                       step_id=rec.step_id, batch_size=rec.batch_size, padded_batch_size=rec.padded_batch_size,
                       graph=rec.graph.value, tokens_per_request=rec.tokens_per_request,
                       num_draft_tokens=rec.num_draft_tokens, page_size=rec.page_size, start_ns=rec.start_ns,
                       end_ns=rec.end_ns, scalars=rec.scalars)
-        return dict(header=header, requests=rec.requests, arrays=floats, packs=packs, spans=spans,
-                    violations=[v.to_dict() for v in rec.violations])
+        return dict(header=header, requests=rec.requests, arrays=floats, packs=packs, spans=spans, violations=[],
+                    waits=[w.to_dict() for w in rec.waits], errors=[e.to_dict() for e in rec.errors],
+                    faults_fired=list(rec.faults_fired))
 
 
 class PinnedRing:
