@@ -119,6 +119,7 @@ class EngineConfig:
             "padded-row-seqlen": (self.cuda_graph, "CUDA graphs"),
             "no-plan-wait": (self.plan_stream and self.spec_steps > 0, "--plan-stream and --spec-steps > 0"),
             "missing-fixup-hook": (self.plan_stream and self.spec_steps > 0, "--plan-stream and --spec-steps > 0"),
+            "wild-page-id": (self.spec_steps > 0 and self.device != "cpu", "a CUDA device and --spec-steps > 0"),
         }
         for f in self.faults:
             ok, what = need[f]

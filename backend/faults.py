@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Fault:
-    """One injectable bug: its name, what it re-creates, and the invariant that should catch it."""
+    """One injectable bug: its name, what it re-creates, and the invariant that should catch it.
+
+    When a fault changes a step the engine records its name in that step's `faults_fired` (fault accounting
+    for `specscope check`; never an input to detection)."""
 
     name: str
     description: str
@@ -31,6 +34,10 @@ FAULTS: tuple[Fault, ...] = (
     Fault("missing-fixup-hook",
           "a backend without update_verify_buffers_to_fill_after_draft under the plan stream (PR #25925, G9)",
           "I28"),
+    Fault("wild-page-id",
+          "a verify page-table cell holds a page id far outside the KV pool (garbage metadata); no argument check "
+          "looks at page ids, so the kernel faults with an illegal memory access, a sticky CUDA error",
+          "K1", gpu_only=True),
 )
 
 FAULT_NAMES = tuple(f.name for f in FAULTS)
@@ -43,6 +50,22 @@ FAULT_SETTINGS: dict[str, dict[str, object]] = {
     "padded-row-seqlen": {"batch_size": 6, "num_requests": 10},
     "no-plan-wait": {"plan_stream": True},
     "missing-fixup-hook": {"plan_stream": True},
+    "wild-page-id": {},
+}
+
+# Why a fault may not fire in a run, and what to try (`specscope check` prints it for a fault that never fired).
+FAULT_HINTS: dict[str, tuple[str, str]] = {
+    "max-seq-len-q-override": ("the override changes nothing while the verify runner's tokens per request T equal "
+                               "the backend's K", "--verify-tokens 2 --spec-steps 3 with CUDA graphs"),
+    "zero-cache-seqlens-at-capture": ("it acts at draft-decode graph capture only",
+                                      "--cuda-graph and --spec-steps >= 2"),
+    "stale-page-table": ("it acts on graph replays that read at least one page-table column",
+                         "--cuda-graph and enough new tokens for requests to cross pages (--page-size 16)"),
+    "padded-row-seqlen": ("it acts only on replays with padded rows (live batch smaller than the captured size)",
+                          "--batch-size 6 --requests 10, so batch sizes fall between captured sizes"),
+    "no-plan-wait": ("it acts on speculative iterations with the plan stream", "--plan-stream --spec-steps 3"),
+    "missing-fixup-hook": ("the hook is called only under the plan stream", "--plan-stream --spec-steps 3"),
+    "wild-page-id": ("it acts on target-verify metadata", "--device cuda --spec-steps 3"),
 }
 
 
