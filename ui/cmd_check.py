@@ -1,10 +1,12 @@
-"""`specscope check`: run the invariant catalogue over a trace."""
+"""`specscope check`: run the invariant catalogue over a trace, report injected faults, optionally write back."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from typing import Any
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -12,46 +14,118 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("check", help="check a trace against the invariant catalogue",
                               description="Check every step of a trace against the invariants whose violations "
                                           "caused real bugs. Exit 0 clean, 1 on any error, 2 if unreadable.")
-    p.add_argument("trace", metavar="TRACE")
-    p.add_argument("--json", action="store_true", help="print violations as a JSON list")
+    p.add_argument("trace", metavar="TRACE", nargs="?", help="the trace (not needed with --list)")
+    p.add_argument("--json", action="store_true", help="print violations (or, with --list, the catalogue) as JSON")
     p.add_argument("--list", action="store_true", help="print the invariant catalogue and exit")
-    p.add_argument("--max-per-check", type=int, default=5, metavar="N", help="examples shown per invariant")
+    p.add_argument("--max-per-check", type=int, default=5, metavar="N",
+                   help="examples shown per invariant (default 5; 0 shows counts only)")
+    p.add_argument("--write", action="store_true",
+                   help="store the violations in the trace (replacing those of an earlier `check --write`), so "
+                        "viewers show them")
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Check the trace; print grouped violations."""
-    from specscope.tracer.checks import BY_ID, CATALOGUE, check_steps
-    from specscope.tracer.schema import Severity
-    from specscope.tracer.store import TraceReader
+def _error(msg: str) -> int:
+    print(f"specscope: error: {msg}", file=sys.stderr)
+    return 2
 
+
+def _emit(text: str, code: int) -> int:
+    """Print `text`; a reader that went away (`check T | head`) does not change the exit status."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Later flushes (at exit) would raise again: point stdout at /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return code
+
+
+def _list(as_json: bool) -> int:
+    from specscope.tracer.checks import CATALOGUE
+
+    if as_json:
+        rows = [{"id": i.check_id, "severity": i.severity.value, "description": i.description,
+                 "upstream": i.upstream, "reads": i.reads} for i in CATALOGUE]
+        return _emit(json.dumps(rows, indent=1) + "\n", 0)
+    return _emit("".join(f"{i.check_id:4s} {i.severity.value:7s} {i.description}  [{i.upstream}]\n"
+                         for i in CATALOGUE), 0)
+
+
+def fault_lines(reports: list[Any], violations: list[Any]) -> list[str]:
+    """One sentence per injected fault: how often it fired and what caught it, or why it never fired."""
+    try:
+        from specscope.backend.faults import FAULT_HINTS
+    except ImportError:  # a reader-only install without the backend package
+        FAULT_HINTS = {}
+    lines = []
+    for r in reports:
+        if r.fired:
+            first: dict[str, int] = {}
+            for v in violations:
+                if v.severity.value == "error" and v.step >= (r.first_step or 0):
+                    first.setdefault(v.check_id, v.step)
+            caught = ", ".join(f"{k} (step {s})" for k, s in sorted(first.items(), key=lambda kv: kv[1]))
+            tail = f"caught by {caught}" if caught else "no invariant caught it"
+            times = "once" if r.fired == 1 else f"{r.fired} times"
+            lines.append(f"fault {r.fault} fired {times}, first at step {r.first_step}; {tail}")
+        else:
+            why, try_ = FAULT_HINTS.get(r.fault, ("it never changed a recorded step", "the settings in docs/checks.md"))
+            lines.append(f"fault {r.fault} never fired in this run ({why}), try {try_}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the trace; print grouped violations and the fault report."""
+    if args.max_per_check < 0:
+        return _error(f"--max-per-check must be 0 or more, got {args.max_per_check}")
     if args.list:
-        for inv in CATALOGUE:
-            print(f"{inv.check_id:4s} {inv.severity.value:7s} {inv.description}  [{inv.upstream}]")
-        return 0
-    with TraceReader(args.trace) as reader:
-        found = list(check_steps(reader.steps()))
+        return _list(args.json)
+    if not args.trace:
+        return _error("check needs a TRACE (or --list)")
+    from specscope.tracer import store
+    from specscope.tracer.checks import BY_ID, CATALOGUE, Checker
+    from specscope.tracer.schema import Severity
+
+    with store.TraceReader(args.trace) as reader:
+        checker = Checker(reader.run)
+        found = []
+        last = -1
+        for step in reader.steps():
+            found.extend(checker.feed(step))
+            last = step.index
         num_steps = reader.num_steps()
+        faults = fault_lines(reader.fault_report(), found)
+    if args.write:
+        store.append_violations(args.trace, found, source="check", replace=True)
+        store.mark_checked(args.trace, last)
     errors = sum(v.severity == Severity.ERROR for v in found)
+    code = 1 if errors else 0
     if args.json:
-        json.dump([{"id": v.check_id, "severity": v.severity.value, "step": v.step, "request_id": v.request_id,
-                    "message": v.message} for v in found], sys.stdout, indent=1)
-        sys.stdout.write("\n")
-        return 1 if errors else 0
+        rows = [{"id": v.check_id, "severity": v.severity.value, "step": v.step, "request_id": v.request_id,
+                 "message": v.message, "array": v.array, "row": v.row, "col": v.col, "found": v.found,
+                 "expected": v.expected} for v in found]
+        for line in faults:
+            print(line, file=sys.stderr)
+        return _emit(json.dumps(rows, indent=1) + "\n", code)
+    out = []
     if not found:
-        print(f"{args.trace}: {num_steps} steps, {len(CATALOGUE)} invariants, no violations")
-        return 0
-    groups: dict[str, list] = {}
-    for v in found:
-        groups.setdefault(v.check_id, []).append(v)
-    print(f"{args.trace}: {num_steps} steps, {len(found)} violations of {len(groups)} invariants "
-          f"({errors} errors)")
-    for cid, vs in sorted(groups.items(), key=lambda kv: kv[1][0].step):
-        inv = BY_ID.get(cid)
-        desc = inv.description if inv else ""
-        steps = sorted({v.step for v in vs})
-        print(f"\n{cid} [{vs[0].severity.value}] {desc}")
-        print(f"  {len(vs)} violations in {len(steps)} steps; first at step {steps[0]}")
-        for v in vs[: args.max_per_check]:
-            print(f"  - {v.message}")
-    return 1 if errors else 0
+        out.append(f"{args.trace}: {num_steps} steps, {len(CATALOGUE)} invariants, no violations")
+    else:
+        groups: dict[str, list] = {}
+        for v in found:
+            groups.setdefault(v.check_id, []).append(v)
+        out.append(f"{args.trace}: {num_steps} steps, {len(found)} violations of {len(groups)} invariants "
+                   f"({errors} errors)")
+        for cid, vs in sorted(groups.items(), key=lambda kv: kv[1][0].step):
+            inv = BY_ID.get(cid)
+            steps = sorted({v.step for v in vs})
+            out += ["", f"{cid} [{vs[0].severity.value}] {inv.description if inv else ''}",
+                    f"  {len(vs)} violations in {len(steps)} steps; first at step {steps[0]}"]
+            out += [f"  - {v.message}" for v in vs[: args.max_per_check]]
+    if faults:
+        out += [""] + faults
+    if args.write:
+        out.append(f"wrote {len(found)} violations into {args.trace}")
+    return _emit("\n".join(out) + "\n", code)
