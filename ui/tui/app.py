@@ -1,0 +1,615 @@
+"""The specscope TUI: step through a trace (offline, following a growing one, or driving a live run)."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from specscope.tracer.checks import BY_ID
+from specscope.tracer.condition import ConditionError
+from specscope.tracer.query import StepFilter
+from specscope.tracer.schema import ForwardMode, Step, Violation
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from . import model as m
+from .screens import HelpScreen, PromptScreen
+from .source import BackgroundLoader, TraceSource
+from .widgets import (
+    AcceptPanel,
+    ChainPanel,
+    DetailPanel,
+    PageGrid,
+    RequestsTable,
+    StepList,
+    TextPane,
+    Timeline,
+    ViolationsPanel,
+)
+
+if TYPE_CHECKING:
+    from .live import LiveController
+
+WINDOW = 200  # steps either side of the current one in the acceptance window
+
+
+class Accelerator:
+    """Held-key acceleration (Dolphie's replay keys): repeats that arrive faster than `window` seconds apart
+    are a held key, and the stride grows the longer it is held; a lone press always moves one step."""
+
+    STRIDES = ((3, 1), (8, 2), (16, 5), (28, 10), (40, 25))
+
+    def __init__(self, window: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window, self.clock = window, clock
+        self.key: str | None = None
+        self.last = -1e9
+        self.streak = 0
+
+    def stride(self, key: str) -> int:
+        """Steps to move for this press of `key`."""
+        now = self.clock()
+        self.streak = self.streak + 1 if key == self.key and now - self.last <= self.window else 0
+        self.key, self.last = key, now
+        for limit, n in self.STRIDES:
+            if self.streak < limit:
+                return n
+        return 100
+
+
+# Every action: (id, key shown, palette title, help). The palette, the help screen and the tests use this list.
+ACTIONS: list[tuple[str, str, str, str]] = [
+    ("next_step", "]", "Next step", "move to the next step (hold to accelerate)"),
+    ("prev_step", "[", "Previous step", "move to the previous step (hold to accelerate)"),
+    ("next_iteration", "}", "Next iteration", "first step of the next scheduler iteration"),
+    ("prev_iteration", "{", "Previous iteration", "first step of the previous iteration"),
+    ("first_step", "home", "First step", "go to step 0"),
+    ("last_step", "end", "Last step", "go to the last step (and follow a live trace)"),
+    ("goto", "g", "Go to step…", "a step number, +N / -N, 'end', or iN for iteration N"),
+    ("search", "/", "Search…", "request id (r12), mode (verify), check id (I6), violation, bs change, or a condition"),
+    ("search_next", "ctrl+n", "Search again (next match)", "repeat the last search forward"),
+    ("search_prev", "ctrl+b", "Search again (previous match)", "repeat the last search backward"),
+    ("next_violation", "n", "Next violation", "jump to the next step with a violation and highlight its cell"),
+    ("prev_violation", "N", "Previous violation", "jump to the previous step with a violation"),
+    ("focus_next", "tab", "Focus next pane", "cycle the focus through the panes"),
+    ("toggle_side", "v", "Show violations / draft / acceptance", "on narrow terminals, swap in the side column"),
+    ("grid_zoom_in", "+", "Page grid: zoom in", "fewer logical pages per character (0 = page numbers)"),
+    ("grid_zoom_out", "-", "Page grid: zoom out", "more logical pages per character, for 100k-token contexts"),
+    ("grid_fit", "f", "Page grid: fit", "fit the widest row in the pane"),
+    ("check", "c", "Check the trace", "run the invariant catalogue over the steps the trace has no verdicts for"),
+    ("export", "ctrl+e", "Export bug-report bundle", "the steps around the current one, as a .zip"),
+    ("help", "?", "Help", "every key (also F1)"),
+    ("quit", "q", "Quit", "quit (a live run is stopped cleanly; its trace stays complete)"),
+]
+LIVE_ACTIONS: list[tuple[str, str, str, str]] = [
+    ("live_toggle", "space", "Live: pause / continue", "pause the run at the next forward, or let it run"),
+    ("live_step", "s", "Live: single step", "run exactly one forward, then pause"),
+    ("live_iteration", "i", "Live: run to next iteration", "run until the first step of the next iteration"),
+    ("live_continue", "C", "Live: continue", "run freely (breakpoints stay armed)"),
+    ("live_breakpoints", "b", "Live: breakpoints…", "violation on/off, a step number, or a condition"),
+]
+
+
+class SpecscopeApp(App[int]):
+    """Offline viewer of one trace; `controller` (live.py) adds following and driving a run."""
+
+    TITLE = "specscope"
+    CSS = """
+    Screen { layout: vertical; }
+    #status { height: 1; background: $boost; color: $text; padding: 0 1; }
+    #main { height: 1fr; }
+    #left { width: 34; }
+    #center { width: 1fr; }
+    #side { width: 42; display: none; }
+    .-wide #side { display: block; }
+    .-huge #left { width: 62; }
+    .-huge #side { width: 60; }
+    .-side-open #side { display: block; width: 1fr; }
+    .-side-open #center { display: none; }
+    StepList, PageGrid, RequestsTable, ViolationsPanel, DetailPanel, Timeline, ChainPanel, AcceptPanel {
+        border-top: solid $primary-darken-2; border-title-color: $text-muted; }
+    StepList:focus, PageGrid:focus, RequestsTable:focus, ViolationsPanel:focus {
+        border-top: solid $accent; border-title-color: $accent; }
+    StepList { height: 1fr; scrollbar-size-vertical: 1; }
+    Timeline { height: 5; }
+    DetailPanel { height: 6; padding: 0 1; }
+    RequestsTable { height: 6; max-height: 40%; }
+    PageGrid { height: 1fr; min-height: 6; }
+    ViolationsPanel { height: 1fr; }
+    ChainPanel { height: 10; padding: 0 1; }
+    AcceptPanel { height: 9; padding: 0 1; }
+    """
+    BINDINGS = [
+        Binding("right_square_bracket", "next_step", "step ▶", key_display="]"),
+        Binding("left_square_bracket", "prev_step", "◀ step", key_display="["),
+        Binding("right_curly_bracket", "next_iteration", "iter ▶", show=False, key_display="}"),
+        Binding("left_curly_bracket", "prev_iteration", "◀ iter", show=False, key_display="{"),
+        Binding("home", "first_step", show=False),
+        Binding("end", "last_step", show=False),
+        Binding("g", "goto", "go to"),
+        Binding("slash", "search", "search", key_display="/"),
+        Binding("ctrl+n", "search_next", show=False),
+        Binding("ctrl+b", "search_prev", show=False),
+        Binding("n", "next_violation", "next viol"),
+        Binding("N", "prev_violation", "prev viol", show=False),
+        Binding("v", "toggle_side", "side", show=False),
+        Binding("plus,equals_sign", "grid_zoom_in", show=False),
+        Binding("minus", "grid_zoom_out", show=False),
+        Binding("f", "grid_fit", show=False),
+        Binding("c", "check", show=False),
+        Binding("ctrl+e", "export", "export", show=False),
+        Binding("question_mark,f1", "help", "help", key_display="?"),
+        Binding("q", "quit", "quit"),
+        Binding("space", "live_toggle", "pause/run", show=False),
+        Binding("s", "live_step", "1 step", show=False),
+        Binding("i", "live_iteration", "next iter", show=False),
+        Binding("C", "live_continue", show=False),
+        Binding("b", "live_breakpoints", show=False),
+    ]
+
+    def __init__(self, path: str, *, controller: LiveController | None = None, follow: bool | None = None,
+                 auto_check: bool = True, start: int | None = None) -> None:
+        super().__init__()
+        self.path = path
+        self.source = TraceSource(path)
+        self.controller = controller
+        self.follow = (not self.source.is_closed()) if follow is None else follow
+        self.current = 0
+        self.highlight: m.Cell | None = None
+        self.accel = Accelerator()
+        self.last_search: StepFilter | None = None
+        self.last_search_text = ""
+        # Live: the controller feeds the checker as steps arrive; following: the loader keeps checking.
+        self.loader = BackgroundLoader(self.source, auto_check=auto_check and controller is None,
+                                       follow=self.follow and controller is None)
+        self.run_hist: list[int] | None = None
+        self._grids: OrderedDict[int, m.Grid | None] = OrderedDict()
+        self._start = start
+        self._tail = True  # following the newest step of a growing trace
+        self._viol_version = -1
+        self.message = ""
+        if controller is not None:
+            controller.attach(self)
+
+    # -- layout ----------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        """Status line, three columns, footer."""
+        src = self.source
+        yield TextPane(id="status")
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield StepList(src, id="steps")
+                yield Timeline(src, id="timeline")
+            with Vertical(id="center"):
+                yield DetailPanel(id="detail")
+                yield RequestsTable(id="requests")
+                yield PageGrid(id="grid")
+            with Vertical(id="side"):
+                yield ViolationsPanel(id="violations")
+                yield ChainPanel(id="chain")
+                yield AcceptPanel(id="accept")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        """Titles, first step, background loading, polling for live traces."""
+        titles = {"steps": "steps", "timeline": "streams (plan / compute / host)", "detail": "step",
+                  "requests": "requests", "grid": "page table × logical page  (cache_seqlens, cu_seqlens_q/k)",
+                  "violations": "violations by invariant", "chain": "draft chain", "accept": "acceptance by position"}
+        for wid, title in titles.items():
+            self.query_one(f"#{wid}").border_title = title
+        self._layout_classes(self.size.width)
+        self.loader.start()
+        n = self.source.num_steps()
+        first = self._start if self._start is not None else (n - 1 if self.follow and n else 0)
+        self.query_one(StepList).focus()
+        if n:
+            self.move_to(first)
+        else:
+            self._status()
+        self.set_interval(0.25, self._tick)
+        if self.controller is not None:
+            self.controller.start()
+
+    def on_resize(self, event: Any) -> None:
+        """Use a large terminal's space: the side column appears at 120 columns, wider panes at 170."""
+        self._layout_classes(event.size.width)
+
+    def _layout_classes(self, width: int) -> None:
+        self.screen.set_class(width >= 120, "-wide")
+        self.screen.set_class(width >= 170, "-huge")
+
+    # -- the current step --------------------------------------------------------------------------
+
+    def move_to(self, i: int, cell: m.Cell | None = None, violation: Violation | None = None) -> None:
+        """Show step `i` (clamped); `cell` is highlighted in the grid, seqlens or request table."""
+        n = self.source.num_steps()
+        if n == 0:
+            return
+        i = max(0, min(n - 1, int(i)))
+        self._tail = i == n - 1
+        self.current = i
+        self.query_one(StepList).set_cursor(i)
+        self._show(i, cell, violation)
+
+    def _grid(self, st: Step) -> m.Grid | None:
+        g = self._grids.get(st.index, False)
+        if g is False:
+            g = m.classify(st)
+            self._grids[st.index] = g
+            while len(self._grids) > 32:
+                self._grids.popitem(last=False)
+        else:
+            self._grids.move_to_end(st.index)
+        return g  # type: ignore[return-value]
+
+    def _show(self, i: int, cell: m.Cell | None, violation: Violation | None) -> None:
+        src = self.source
+        st = src.step(i)
+        s = src.summary(i)
+        viols = src.violations.at(i)
+        if cell is None and violation is not None:
+            cell = m.violation_cell(violation, st)
+        if cell is None and viols:
+            cell = m.violation_cell(viols[0], st)
+        self.highlight = cell
+        capture = src.reader.capture_of(i) if st.graph.value == "replay" else None
+        self.query_one(DetailPanel).show(st, s, capture, src.run.attention_kernel, max(len(viols), s.num_violations))
+        row = None
+        if cell is not None and cell.row is not None and (cell.array == "request" or cell.array not in (
+                "page_table", "cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "req_to_token_page_starts")):
+            row = cell.row
+        self.query_one(RequestsTable).show(st, src.byte_level, row)
+        self.query_one(PageGrid).show(self._grid(st), cell)
+        self.query_one(Timeline).show(i)
+        self._side(st)
+        self._status()
+
+    def _side(self, st: Step) -> None:
+        src = self.source
+        if not self.screen.has_class("-wide") and not self.screen.has_class("-side-open"):
+            return  # hidden: drawn when shown
+        verify = st if st.mode == ForwardMode.TARGET_VERIFY else self._verify_near(st)
+        self.query_one(ChainPanel).show(verify, src.byte_level, st.index)
+        a, b = max(0, st.index - WINDOW), min(src.num_steps(), st.index + WINDOW + 1)
+        hist = m.window_hist(src.reader.iter_summaries(a, b, StepFilter(mode="TARGET_VERIFY")))
+        self.query_one(AcceptPanel).show(self.run_hist, hist, (a, b - 1))
+        self._fill_violations()
+
+    def _verify_near(self, st: Step) -> Step | None:
+        for j in list(range(st.index + 1, st.index + 12)) + list(range(st.index - 1, st.index - 12, -1)):
+            s = self.source.summary(j)
+            if s is not None and s.iteration == st.iteration and s.mode == ForwardMode.TARGET_VERIFY:
+                return self.source.step(j)
+        return None
+
+    def _fill_violations(self) -> None:
+        vi = self.source.violations
+        if vi.version != self._viol_version:
+            self._viol_version = vi.version
+            descriptions = {k: inv.description for k, inv in BY_ID.items()}
+            self.query_one(ViolationsPanel).fill(vi.groups(), vi.version, descriptions, self.current)
+
+    def _status(self) -> None:
+        src = self.source
+        n = src.num_steps()
+        t = Text()
+        t.append("specscope ", style="bold")
+        t.append(f"{src.path}  ")
+        t.append(f"step {self.current}/{max(0, n - 1)}  ", style="bold")
+        nv = src.violations.total()
+        if src.loading_violations:
+            t.append("violations: loading…  ", style="grey62")
+        else:
+            t.append(f"{nv} violation{'s' if nv != 1 else ''}", style="bold #ff5f5f" if nv else "green")
+            ct = src.checked_through
+            if ct is None or ct < n - 1:
+                done = src.tui_checked_through
+                if done >= 0:
+                    t.append(f" (checked here through {done})", style="grey62")
+                elif ct is None:
+                    t.append(" (unchecked: press c)", style="grey62")
+            t.append("  ")
+        if self.controller is not None:
+            t.append(self.controller.status_text(), style="bold #ffd75f")
+        elif self.follow:
+            t.append("following" if not src.is_closed() else "trace closed", style="#ffd75f")
+        if self.loader.error:
+            t.append(f"  {self.loader.error}", style="red")
+        if self.message:
+            t.append(f"  {self.message}", style="italic")
+        self.query_one("#status", TextPane).update(t)
+
+    def notify_line(self, text: str) -> None:
+        """A one-line message in the status bar (kept until the next one)."""
+        self.message = text
+        self._status()
+
+    def _tick(self) -> None:
+        """Follow a growing trace; pick up background results."""
+        src = self.source
+        grew = 0
+        if self.follow or self.controller is not None:
+            grew = src.refresh()
+            if grew:
+                self.query_one(StepList).sync_size()
+                if self._tail and (self.controller is None or self.controller.follow_tail()):
+                    self.move_to(src.num_steps() - 1)
+        if self.run_hist is None and not src.loading_violations:
+            self.run_hist = src.reader.accept_histogram()
+        if src.violations.version != self._viol_version:
+            self.query_one(StepList).refresh()
+            if self.screen.has_class("-wide") or self.screen.has_class("-side-open"):
+                self._fill_violations()
+        self._status()
+
+    async def ready(self, timeout: float = 10.0) -> None:
+        """Wait until background loading (and checking) is done, then redraw; for tests and benchmarks."""
+        deadline = time.monotonic() + timeout
+        while not self.loader.initial.is_set() and time.monotonic() < deadline:
+            await self._sleep(0.02)
+        self.run_hist = self.source.reader.accept_histogram()
+        self._viol_version = -1
+        if self.source.num_steps():
+            self.move_to(self.current, self.highlight)
+        self.query_one(StepList).refresh()
+
+    async def _sleep(self, s: float) -> None:
+        import asyncio
+
+        await asyncio.sleep(s)
+
+    # -- navigation actions ------------------------------------------------------------------------
+
+    def action_next_step(self) -> None:
+        """Next step (held: accelerating)."""
+        self.move_to(self.current + self.accel.stride("]"))
+
+    def action_prev_step(self) -> None:
+        """Previous step (held: accelerating)."""
+        self.move_to(self.current - self.accel.stride("["))
+
+    def action_next_iteration(self) -> None:
+        """First step of the next iteration."""
+        j = self.source.iteration_step(self.current)
+        if j is None:
+            self.notify_line("no later iteration")
+        else:
+            self.move_to(j)
+
+    def action_prev_iteration(self) -> None:
+        """First step of the previous iteration."""
+        j = self.source.iteration_step(self.current, backward=True)
+        self.move_to(0 if j is None else j)
+
+    def action_first_step(self) -> None:
+        """Step 0."""
+        self.move_to(0)
+
+    def action_last_step(self) -> None:
+        """The last step."""
+        self.move_to(self.source.num_steps() - 1)
+
+    def goto_text(self, text: str) -> str | None:
+        """Go to what a go-to box says; returns an error sentence or None."""
+        t = text.strip().lower()
+        n = self.source.num_steps()
+        try:
+            if t in ("end", "$", "last"):
+                target = n - 1
+            elif t.startswith(("+", "-")):
+                target = self.current + int(t)
+            elif t.startswith("i"):
+                hits = self.source.reader.find_steps(StepFilter(iteration=int(t[1:])), limit=1)
+                if not hits:
+                    return f"no step in iteration {t[1:]}"
+                target = hits[0]
+            else:
+                target = int(t)
+        except ValueError:
+            return f"not a step number: {text!r} (a number, +N, -N, end, or iN for iteration N)"
+        if not 0 <= target < n:
+            return f"no step {target} (the trace has steps 0–{n - 1})"
+        self.move_to(target)
+        return None
+
+    def action_goto(self) -> None:
+        """Ask for a step."""
+        def validate(text: str) -> str | None:
+            return self.goto_text(text)
+
+        self.push_screen(PromptScreen("Go to step", "a number, +N / -N, end, or iN (first step of iteration N)",
+                                      validate=validate))
+
+    def search_text(self, text: str, backward: bool = False) -> str | None:
+        """Search forward (backward) from the current step; returns an error sentence or None."""
+        try:
+            f = StepFilter.parse(text)
+        except (ConditionError, ValueError) as e:
+            return str(e)
+        self.last_search, self.last_search_text = f, text
+        hit = self.source.find(f, self.current, backward=backward)
+        if hit is None:
+            hit = self.source.find(f, -1 if not backward else self.source.num_steps(), backward=backward)
+            if hit is None:
+                return f"no step matches {text!r}"
+            self.notify_line(f"search wrapped: {text}")
+        else:
+            self.notify_line(f"/{text}")
+        self.move_to(hit)
+        return None
+
+    def action_search(self) -> None:
+        """Ask for a search."""
+        self.push_screen(PromptScreen(
+            "Search steps", "r12 · verify · replay · I6 · violation · error · bs change · "
+            "mode == TARGET_VERIFY and bs != prev.bs", value=self.last_search_text, validate=self.search_text))
+
+    def action_search_next(self) -> None:
+        """Repeat the last search forward."""
+        if self.last_search_text:
+            err = self.search_text(self.last_search_text)
+            if err:
+                self.notify_line(err)
+
+    def action_search_prev(self) -> None:
+        """Repeat the last search backward."""
+        if self.last_search_text:
+            err = self.search_text(self.last_search_text, backward=True)
+            if err:
+                self.notify_line(err)
+
+    def _jump_violation(self, backward: bool) -> None:
+        vi = self.source.violations
+        j = vi.next_step(self.current, backward=backward)
+        if j is None and self.source.loading_violations:
+            j = self.source.find(StepFilter(has_violation=True), self.current, backward)
+        if j is None:
+            self.notify_line("no " + ("earlier" if backward else "later") + " violation")
+            return
+        vs = vi.at(j)
+        self.move_to(j, violation=vs[0] if vs else None)
+        if vs:
+            self.notify_line(f"{vs[0].check_id}: {vs[0].message}")
+
+    def action_next_violation(self) -> None:
+        """Next step with a violation; its first violation's cell is highlighted."""
+        self._jump_violation(False)
+
+    def action_prev_violation(self) -> None:
+        """Previous step with a violation."""
+        self._jump_violation(True)
+
+    def on_violations_panel_jump(self, event: ViolationsPanel.Jump) -> None:
+        """A violation picked in the panel."""
+        v = event.violation
+        self.move_to(v.step, violation=v)
+        self.notify_line(f"{v.check_id}: {v.message}")
+
+    def on_step_list_picked(self, event: StepList.Picked) -> None:
+        """A clicked step."""
+        self.move_to(event.index)
+
+    def action_toggle_side(self) -> None:
+        """Swap the side column (violations, draft chain, acceptance) in on narrow terminals."""
+        self.screen.toggle_class("-side-open")
+        if self.source.num_steps():
+            self._side(self.source.step(self.current))
+
+    def action_grid_zoom_in(self) -> None:
+        """Page grid: fewer pages per character."""
+        self.query_one(PageGrid).action_zoom(-1)
+
+    def action_grid_zoom_out(self) -> None:
+        """Page grid: more pages per character."""
+        self.query_one(PageGrid).action_zoom(1)
+
+    def action_grid_fit(self) -> None:
+        """Page grid: fit the pane."""
+        self.query_one(PageGrid).action_fit()
+
+    def action_check(self) -> None:
+        """Check the steps the trace has no verdicts for (in the background)."""
+        if not self.loader.initial.is_set():
+            self.notify_line("still loading; checking starts with it")
+            return
+        self.loader = BackgroundLoader(self.source, max_steps=1 << 62)  # asked for: check whatever the size
+        self.source.loading_violations = True
+        self.loader.start()
+        self.notify_line("checking…")
+
+    def action_export(self) -> None:
+        """Export the window around the current step as a bug-report bundle, when this build has it."""
+        from .export import export_window
+
+        self.notify_line(export_window(self.path, self.current, self.source.num_steps()))
+
+    def action_help(self) -> None:
+        """The help screen."""
+        rows = [(k, f"{title} — {what}") for _, k, title, what in ACTIONS]
+        sections = [("Browse", rows[:13]), ("Panes", rows[13:18]), ("Other", rows[18:])]
+        if self.controller is not None:
+            sections.insert(1, ("Live run", [(k, f"{t} — {w}") for _, k, t, w in LIVE_ACTIONS]))
+        sections.append(("Panes (focused)", [("j / k", "rows of the focused pane (steps, requests, grid, "
+                                                        "violations)"), ("h / l", "page grid: scroll pages"),
+                                             ("Enter", "violations: jump to the step, highlight the cell")]))
+        self.push_screen(HelpScreen(sections))
+
+    async def action_quit(self) -> None:
+        """Quit; a live run is stopped first and its trace closed."""
+        if self.controller is not None:
+            self.notify_line("stopping the run…")
+            await self.controller.stop()
+        self.loader.stop.set()
+        self.exit(0)
+
+    # -- live events (from live.py's thread, through call_from_thread) --------------------------------
+
+    def on_live_paused(self, index: int, reason: str) -> None:
+        """The run paused after step `index`: show that step (it is committed) and say why."""
+        self.source.refresh()
+        self.query_one(StepList).sync_size()
+        self.move_to(index)
+        self.notify_line(reason)
+
+    def on_live_changed(self) -> None:
+        """The run's state changed (running, finished)."""
+        self._tick()
+
+    # -- live actions (no-ops offline) ----------------------------------------------------------------
+
+    def _live(self) -> LiveController | None:
+        if self.controller is None:
+            self.notify_line("not a live run (specscope tui --live ...)")
+        return self.controller
+
+    def action_live_toggle(self) -> None:
+        """Pause or continue the run."""
+        if c := self._live():
+            c.toggle()
+
+    def action_live_step(self) -> None:
+        """One forward, then pause."""
+        if c := self._live():
+            c.step()
+
+    def action_live_iteration(self) -> None:
+        """Run to the next iteration."""
+        if c := self._live():
+            c.next_iteration()
+
+    def action_live_continue(self) -> None:
+        """Run freely."""
+        if c := self._live():
+            c.resume()
+
+    def action_live_breakpoints(self) -> None:
+        """Edit the breakpoints."""
+        if c := self._live():
+            self.push_screen(PromptScreen(
+                "Breakpoints", "violation (toggle) · step N · a condition, e.g. mode == TARGET_VERIFY and bs != "
+                "prev.bs · off", value="", validate=c.breakpoint_text))
+
+    # -- the palette ---------------------------------------------------------------------------------
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Every action, with its key, in the Ctrl+P palette (plus Textual's own: theme, screenshot, keys)."""
+        acts = ACTIONS + (LIVE_ACTIONS if self.controller is not None else [])
+        for aid, key, title, what in acts:
+            yield SystemCommand(f"{title}  [{key}]", what, self._palette_callback(aid))
+        for cmd in super().get_system_commands(screen):
+            if cmd.title != "Quit":
+                yield cmd
+
+    def _palette_callback(self, aid: str) -> Callable[[], Any]:
+        def run() -> Any:
+            if aid == "focus_next":
+                return self.action_focus_next()
+            return getattr(self, f"action_{aid}")()
+
+        return run

@@ -1,0 +1,205 @@
+"""View models the TUI draws from: page-table cell classes, token text, draft chains, acceptance. Torch-free.
+
+Pure functions over schema records, so the tests exercise them without a terminal. Where the shared
+`specscope.ui.views` offers the same thing, the TUI should move to it; these stay minimal.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from specscope.tracer.schema import ForwardMode, Step, StepSummary, Violation
+from specscope.ui import views
+
+# Cell classes of the page-table grid are the shared view model's kinds, in its display precedence (the first
+# wins): a class is its index in KINDS, so a zoomed-out cell shows the minimum index it covers.
+KINDS = list(views.CellKind)
+OUT_OF_RANGE, STALE, SHARED, PADDED, FRESH, OK, NOT_READ = (KINDS.index(k) for k in (
+    views.CellKind.OUT_OF_RANGE, views.CellKind.STALE, views.CellKind.SHARED, views.CellKind.PADDED,
+    views.CellKind.FRESH, views.CellKind.OK, views.CellKind.UNREAD))
+CLASS_NAMES = tuple({"out_of_range": "out of range", "stale": "stale", "shared": "shared", "padded": "padded row",
+                     "fresh": "freshly written", "ok": "ok", "unread": "not read"}[k.value] for k in KINDS)
+# One symbol per class (the shared ones, so TUI and dashboard agree); "ok" is a blank in the shared set, which
+# the TUI draws as a dot-free square so an all-ok row is still visibly a row.
+SYMBOLS = tuple("■" if k == views.CellKind.OK else views.SYMBOLS[k] for k in KINDS)
+_STYLE_BY_KIND = {
+    views.CellKind.OUT_OF_RANGE: "bold white on red", views.CellKind.STALE: "bold white on magenta",
+    views.CellKind.SHARED: "black on yellow", views.CellKind.PADDED: "grey35", views.CellKind.FRESH: "bold cyan",
+    views.CellKind.OK: "green", views.CellKind.UNREAD: "grey42",
+}  # fmt: skip
+STYLES = tuple(_STYLE_BY_KIND[k] for k in KINDS)
+ZOOMS = (0, 1, 4, 16, 64, 256, 1024)  # 0: physical page numbers; N: N logical pages per character
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The page table of one step, classified: `pages[r, j]` physical page, `cls[r, j]` class per cell."""
+
+    pages: np.ndarray  # int64 [rows, cols]
+    cls: np.ndarray  # int8 [rows, cols], index into KINDS
+    live_rows: int
+    request_ids: tuple[int | None, ...]  # per row; None for padded rows
+    cache_seqlens: list[int]
+    cu_seqlens_q: list[int]
+    cu_seqlens_k: list[int]
+    page_size: int
+    full_cols: int
+
+    @property
+    def rows(self) -> int:
+        """Rows of the grid (live and padded)."""
+        return int(self.pages.shape[0])
+
+    @property
+    def cols(self) -> int:
+        """Logical pages recorded per row."""
+        return int(self.pages.shape[1])
+
+
+def classify(step: Step) -> Grid | None:
+    """The shared classification (`views.page_grid`) as dense arrays the grid pane draws quickly."""
+    pg = views.page_grid(step)
+    if pg is None:
+        return None
+    rows, cols = len(pg.cells), pg.num_cols
+    pages = np.zeros((rows, cols), np.int64)
+    cls = np.zeros((rows, cols), np.int8)
+    index = {k: i for i, k in enumerate(KINDS)}
+    for b, row in enumerate(pg.cells):
+        pages[b, : len(row)] = [c.page for c in row]
+        cls[b, : len(row)] = [index[c.kind] for c in row]
+    rids = tuple(row[0].owner if row else None for row in pg.cells)
+    if cols == 0:
+        rids = tuple(r.request_id for r in step.requests[:pg.batch_size]) + (None,) * (rows - pg.batch_size)
+    return Grid(pages, cls, pg.batch_size, rids, pg.cache_seqlens, pg.cu_seqlens_q, pg.cu_seqlens_k, pg.page_size,
+                pg.full_cols)
+
+
+def zoom_cells(grid: Grid, zoom: int) -> tuple[np.ndarray, np.ndarray]:
+    """(classes, first logical page) per character column at `zoom` pages per character (worst class wins)."""
+    z = max(1, zoom)
+    ncell = -(-grid.cols // z)
+    first = np.arange(ncell) * z
+    if z == 1:
+        return grid.cls, first
+    pad = ncell * z - grid.cols
+    c = np.pad(grid.cls, ((0, 0), (0, pad)), constant_values=len(KINDS)) if pad else grid.cls
+    return c.reshape(grid.rows, ncell, z).min(axis=2), first
+
+
+def fit_zoom(cols: int, width: int) -> int:
+    """The smallest zoom (pages per character) at which `cols` pages fit in `width` characters."""
+    for z in ZOOMS[1:]:
+        if -(-cols // z) <= max(1, width):
+            return z
+    return ZOOMS[-1]
+
+
+# -- tokens -----------------------------------------------------------------------------------------------
+
+def token_text(tok: int, byte_level: bool) -> str:
+    """A token as the user reads it: the shared byte text for the byte-level models (a space shown as ␣ so a
+    chain of single tokens stays readable), else its id."""
+    if not byte_level:
+        return str(tok)
+    return "␣" if tok == 32 else views.byte_text([tok])
+
+
+def tokens_text(tokens: Sequence[int], byte_level: bool) -> str:
+    """A token sequence as one string (bytes joined, ids separated by spaces)."""
+    return views.byte_text(tokens) if byte_level else " ".join(str(t) for t in tokens)
+
+
+@dataclass(frozen=True)
+class ChainLink:
+    """One drafted token of a verify row: accepted or rejected (and the bonus token the target added)."""
+
+    token: int
+    accepted: bool
+    bonus: bool = False
+
+
+def draft_chain(draft: Sequence[int], accepted: Sequence[int]) -> list[ChainLink]:
+    """The chain of a verify row: drafted tokens marked accepted while they match, then the bonus token."""
+    out: list[ChainLink] = []
+    n_ok = max(0, len(accepted) - 1)  # accepted includes the bonus token
+    for j, t in enumerate(draft):
+        out.append(ChainLink(int(t), j < n_ok and int(accepted[j]) == int(t)))
+    if accepted:
+        out.append(ChainLink(int(accepted[-1]), True, bonus=True))
+    return out
+
+
+# -- acceptance ---------------------------------------------------------------------------------------------
+
+def add_hist(total: list[int], hist: Iterable[int]) -> list[int]:
+    """Element-wise sum of two accept-length histograms of any lengths."""
+    h = list(hist)
+    if len(h) > len(total):
+        total = total + [0] * (len(h) - len(total))
+    for i, c in enumerate(h):
+        total[i] += int(c)
+    return total
+
+
+def accept_by_position(hist: Sequence[int]) -> list[float]:
+    """Rate at which draft position j was accepted, from an accept-length histogram (the shared statistics)."""
+    return views.acceptance_from_histogram(hist, 0, 0).by_position if sum(hist) else []
+
+
+def mean_accept(hist: Sequence[int]) -> float | None:
+    """Mean accept length (tokens committed per verify row, bonus included)."""
+    return views.acceptance_from_histogram(hist, 0, 0).mean_accept_length if sum(hist) else None
+
+
+def window_hist(summaries: Iterable[StepSummary]) -> list[int]:
+    """Accept-length histogram over the verify steps among `summaries`."""
+    total: list[int] = []
+    for s in summaries:
+        if s.mode == ForwardMode.TARGET_VERIFY and s.accept_hist:
+            total = add_hist(total, s.accept_hist)
+    return total
+
+
+def bar(frac: float, width: int) -> str:
+    """A horizontal bar of eighths, `width` characters at 1.0."""
+    eighths = int(round(max(0.0, min(1.0, frac)) * width * 8))
+    full, part = divmod(eighths, 8)
+    return ("█" * full + (" ▏▎▍▌▋▊▉"[part] if part else "")).ljust(width)
+
+
+# -- violations ---------------------------------------------------------------------------------------------
+
+_CELL = re.compile(r"\b(page_table|cache_seqlens|cu_seqlens_q|cu_seqlens_k|seq_lens|out_cache_loc|positions|"
+                   r"req_pool_indices|req_to_token_page_starts)\[(\d+)(?:,\s*(\d+))?\]")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Where a violation points: an array (or "request"), its row and column (None when the whole row)."""
+
+    array: str
+    row: int | None
+    col: int | None
+
+
+def violation_cell(v: Violation, step: Step | None = None) -> Cell | None:
+    """The cell a violation names: its recorded cell, else one its message spells out, else its request's row."""
+    if v.array is not None:
+        return Cell(v.array, v.row, v.col)
+    m = _CELL.search(v.message)
+    if m:
+        return Cell(m.group(1), int(m.group(2)), None if m.group(3) is None else int(m.group(3)))
+    if v.request_id is not None and step is not None:
+        for b, r in enumerate(step.requests):
+            if r.request_id == v.request_id:
+                return Cell("request", b, None)
+    return None
+
+
+def violation_key(v: Violation) -> tuple[str, int, int | None, str]:
+    """Identity of a violation across sources (the trace's table and the TUI's own checker)."""
+    return (v.check_id, v.step, v.request_id, v.message)

@@ -1,0 +1,274 @@
+"""The TUI's window on a trace: bounded caches over `TraceReader`, so nothing ever loads every step.
+
+Summaries come in blocks of `BLOCK` rows, decoded steps in a small LRU; the violation index holds only
+violations (sparse), merged from the trace's table and from the TUI's own streaming checker for traces that
+were never checked. Background work uses its own reader, so the UI thread never waits on its lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterable
+
+from specscope.tracer.query import StepFilter
+from specscope.tracer.schema import Step, StepSummary, Violation
+from specscope.tracer.store import TraceReader
+from specscope.ui.views import is_byte_level
+
+from .model import violation_key
+
+BLOCK = 256
+_BLOCKS_KEPT = 64
+_STEPS_KEPT = 48
+AUTO_CHECK_MAX_STEPS = 20_000  # beyond this the TUI checks only when asked (palette: "Check the trace")
+
+
+class ViolationIndex:
+    """Violations by step and by check id, with next/previous lookups by bisection. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: set[tuple[str, int, int | None, str]] = set()
+        self.by_step: dict[int, list[Violation]] = defaultdict(list)
+        self.by_check: dict[str, list[Violation]] = defaultdict(list)
+        self._steps: list[int] = []
+        self.version = 0  # bumped on every change, so panels redraw only when needed
+
+    def add(self, violations: Iterable[Violation]) -> list[Violation]:
+        """Add violations not seen before; returns the new ones."""
+        new = []
+        with self._lock:
+            for v in violations:
+                k = violation_key(v)
+                if k in self._keys:
+                    continue
+                self._keys.add(k)
+                if v.step not in self.by_step:
+                    bisect.insort(self._steps, v.step)
+                self.by_step[v.step].append(v)
+                self.by_check[v.check_id].append(v)
+                new.append(v)
+            if new:
+                self.version += 1
+        return new
+
+    def at(self, step: int) -> list[Violation]:
+        """Violations of one step."""
+        with self._lock:
+            return list(self.by_step.get(step, ()))
+
+    def next_step(self, after: int, backward: bool = False) -> int | None:
+        """The first step with a violation after `after` (or the last before it, backward)."""
+        with self._lock:
+            if backward:
+                k = bisect.bisect_left(self._steps, after)
+                return self._steps[k - 1] if k > 0 else None
+            k = bisect.bisect_right(self._steps, after)
+            return self._steps[k] if k < len(self._steps) else None
+
+    def total(self) -> int:
+        """Number of violations."""
+        with self._lock:
+            return len(self._keys)
+
+    def groups(self) -> list[tuple[str, list[Violation]]]:
+        """(check id, violations in step order) per invariant, by check id."""
+        with self._lock:
+            return [(c, sorted(vs, key=lambda v: v.step)) for c, vs in sorted(self.by_check.items(),
+                                                                                   key=lambda kv: _id_key(kv[0]))]
+
+
+def _id_key(check_id: str) -> tuple[str, int]:
+    digits = "".join(ch for ch in check_id if ch.isdigit())
+    return (check_id.rstrip("0123456789"), int(digits) if digits else 0)
+
+
+class TraceSource:
+    """Cached, bounded access to one trace for the UI thread."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.reader = TraceReader(path)
+        self.run = self.reader.run
+        self.byte_level = is_byte_level(self.run)
+        self._n = self.reader.num_steps()
+        self._blocks: OrderedDict[int, list[StepSummary]] = OrderedDict()
+        self._steps: OrderedDict[int, Step] = OrderedDict()
+        self.violations = ViolationIndex()
+        self.checked_through: int | None = None  # steps the table's verdicts cover (None: never checked)
+        self.tui_checked_through = -1  # steps the TUI's own checker has judged
+        self.loading_violations = True
+
+    # -- counts ----------------------------------------------------------------------------------
+
+    def num_steps(self) -> int:
+        """Steps known to the UI (see `refresh`)."""
+        return self._n
+
+    def refresh(self) -> int:
+        """Re-count the steps of a growing trace; returns how many arrived."""
+        n = self.reader.num_steps()
+        grew = n - self._n
+        if grew > 0:
+            last_block = (self._n - 1) // BLOCK if self._n else 0
+            for b in [b for b in self._blocks if b >= last_block]:
+                del self._blocks[b]  # a partial block grew
+            self._n = n
+        return max(0, grew)
+
+    def is_closed(self) -> bool:
+        """Whether the writer closed the trace."""
+        return self.reader.is_closed()
+
+    # -- summaries and steps ----------------------------------------------------------------------
+
+    def summary(self, i: int) -> StepSummary | None:
+        """Summary of step `i` from the block cache (None past the end)."""
+        if not 0 <= i < self._n:
+            return None
+        b = i // BLOCK
+        rows = self._blocks.get(b)
+        if rows is None:
+            rows = self.reader.summaries(b * BLOCK, min((b + 1) * BLOCK, self._n))
+            self._blocks[b] = rows
+            while len(self._blocks) > _BLOCKS_KEPT:
+                self._blocks.popitem(last=False)
+        else:
+            self._blocks.move_to_end(b)
+        k = i - b * BLOCK
+        return rows[k] if k < len(rows) else None
+
+    def summaries(self, start: int, stop: int) -> list[StepSummary]:
+        """Summaries of [start, stop) clipped to the trace, through the block cache."""
+        out = []
+        for i in range(max(0, start), min(stop, self._n)):
+            s = self.summary(i)
+            if s is not None:
+                out.append(s)
+        return out
+
+    def step(self, i: int) -> Step:
+        """Decoded step `i` (all arrays), from a small LRU."""
+        st = self._steps.get(i)
+        if st is None:
+            st = self.reader.step(i)
+            self._steps[i] = st
+            while len(self._steps) > _STEPS_KEPT:
+                self._steps.popitem(last=False)
+        else:
+            self._steps.move_to_end(i)
+        return st
+
+    def num_violations(self, s: StepSummary) -> int:
+        """Violations of a step: the table's count plus the TUI checker's own finds for unchecked steps."""
+        return max(len(self.violations.at(s.index)), s.num_violations)
+
+    # -- moves -----------------------------------------------------------------------------------
+
+    def iteration_step(self, i: int, backward: bool = False) -> int | None:
+        """First step of the next iteration after step i's (backward: of the iteration before it)."""
+        cur = self.summary(i)
+        if cur is None:
+            return None
+        it = cur.iteration
+        j = i
+        if not backward:
+            while True:
+                j += 1
+                s = self.summary(j)
+                if s is None:
+                    return None
+                if s.iteration != it:
+                    return j
+        # Backward: walk to the start of the previous iteration.
+        while j > 0 and (s := self.summary(j - 1)) is not None and s.iteration == it:
+            j -= 1
+        if j == 0:
+            return None if j == i else 0
+        prev_it = self.summary(j - 1).iteration  # type: ignore[union-attr]
+        j -= 1
+        while j > 0 and (s := self.summary(j - 1)) is not None and s.iteration == prev_it:
+            j -= 1
+        return j
+
+    def find(self, f: StepFilter, after: int, backward: bool = False) -> int | None:
+        """The next (previous) step matching a search, through the reader's query."""
+        if f.has_violation and not f.check_id and not f.severity:
+            return self.violations.next_step(after, backward)
+        hits = self.reader.find_steps(f, after=after, limit=1, backward=backward)
+        return hits[0] if hits else None
+
+    def close(self) -> None:
+        """Close the reader."""
+        self.reader.close()
+
+
+class BackgroundLoader:
+    """Loads the violation index (and checks an unchecked trace) on a thread with its own reader."""
+
+    def __init__(self, source: TraceSource, auto_check: bool = True, max_steps: int = AUTO_CHECK_MAX_STEPS,
+                 follow: bool = False) -> None:
+        self.source = source
+        self.follow = follow
+        self.auto_check = auto_check
+        self.max_steps = max_steps
+        self.done = threading.Event()  # finished (a following loader finishes when its trace is closed)
+        self.initial = threading.Event()  # the violations present at start are loaded (and checked)
+        self.stop = threading.Event()
+        self.error: str | None = None
+        self._checker = None
+        self._fed = -1
+        self._thread = threading.Thread(target=self._main, name="specscope-tui-loader", daemon=True)
+
+    def start(self) -> None:
+        """Begin loading."""
+        self._thread.start()
+
+    def _main(self) -> None:
+        src = self.source
+        try:
+            with TraceReader(src.path) as r:
+                src.checked_through = r.checked_through()
+                src.violations.add(r.violations())
+                src.loading_violations = False
+                n = r.num_steps()
+                if self.auto_check and n <= self.max_steps and not (
+                        src.checked_through is not None and src.checked_through >= n - 1):
+                    self.check(r, n)
+                self.initial.set()
+                while self.follow and not self.stop.is_set():
+                    # A trace another process writes: check each new step as it is committed.
+                    closed = r.is_closed()
+                    n = r.wait_for_steps(self._fed, 0.3)
+                    if self.auto_check and src.checked_through is None:
+                        self.check(r, n)
+                    else:
+                        src.violations.add(r.violations())
+                    if closed and self._fed >= n - 1:
+                        break
+        except Exception as e:  # noqa: BLE001 - shown in the status line; the viewer keeps working
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            src.loading_violations = False
+            self.initial.set()
+            self.done.set()
+
+    def check(self, r: TraceReader, stop: int) -> list[Violation]:
+        """Feed steps up to `stop` to the streaming checker; returns the violations it added."""
+        from specscope.tracer.checks import Checker
+
+        if self._checker is None:
+            self._checker = Checker()
+        src = self.source
+        new: list[Violation] = []
+        for st in r.steps(self._fed + 1, stop):
+            if self.stop.is_set():
+                break
+            found = self._checker.feed(st)
+            ct = src.checked_through
+            new += src.violations.add(v for v in found if ct is None or v.step > ct)
+            self._fed = st.index
+            src.tui_checked_through = st.index
+        return new

@@ -1,0 +1,634 @@
+"""The TUI's panes. Each draws one thing about the current step; none of them reads more than it shows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from specscope.tracer.schema import ForwardMode, SpanRow, Step, StepSummary, Violation
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widget import Widget
+from textual.widgets import DataTable, Tree
+
+from . import model as m
+from .source import TraceSource
+
+MODE_SHORT = {"EXTEND": "extend", "DECODE": "decode", "DRAFT_DECODE": "draft", "TARGET_VERIFY": "verify",
+              "DRAFT_EXTEND": "d-ext"}
+GRAPH_SHORT = {"eager": "E", "capture": "C", "replay": "R"}
+_S_CURSOR = Style(bgcolor="#2b4f8a", bold=True)
+_S_ERR = Style(color="#ff5f5f", bold=True)
+_S_WARN = Style(color="#ffaf00")
+_S_DIM = Style(color="grey50")
+_S_HEAD = Style(color="grey70", bold=True, underline=True)
+_S_HIT = Style(color="black", bgcolor="#ffff5f", bold=True, blink=False)
+_S_CELL_HIT = Style(color="black", bgcolor="#ffff5f", bold=True, underline=True)
+_KIND_STYLES = tuple(Style.parse(x) for x in m.STYLES)
+
+
+def fmt_ns(ns: int) -> str:
+    """A duration in the unit that keeps three digits."""
+    if ns < 10_000:
+        return f"{ns / 1000:.1f}µs"
+    if ns < 10_000_000:
+        return f"{ns / 1e6:.2f}ms" if ns < 1_000_000 else f"{ns / 1e6:.1f}ms"
+    return f"{ns / 1e6:.0f}ms"
+
+
+def step_row_text(s: StepSummary, width: int, nviol: int) -> str:
+    """One line of the step list, as many columns as `width` holds."""
+    mode = MODE_SHORT.get(s.mode.value, s.mode.value)
+    sid = "" if s.step_id is None else str(s.step_id)
+    tk = f"{s.tokens_per_request}{'≠' if s.tokens_per_request != s.num_draft_tokens else '/'}{s.num_draft_tokens}"
+    g = GRAPH_SHORT.get(s.graph.value, "?")
+    v = f"!{nviol}" if nviol else ""
+    bs, pbs = s.batch_size, s.padded_batch_size
+    if width >= 58:
+        return (f"{s.index:>6} {mode:<6} {s.model[0]}{sid:<2} {s.iteration:>5} {bs:>3}/{pbs:<3}"
+                f" {g} {tk:<5} {fmt_ns(s.duration_ns):>7} {v}")
+    if width >= 44:
+        return f"{s.index:>6} {mode:<6} {s.model[0]}{sid:<1} {s.iteration:>4} {bs:>3}/{pbs:<3} {g} {tk:<5} {v}"
+    return f"{s.index:>5} {mode:<6} {s.model[0]}{sid:<1} {bs:>2}/{pbs:<2} {g} {tk:<4}{v}"
+
+
+def step_header_text(width: int) -> str:
+    """The step list's column header for `width`."""
+    if width >= 58:
+        return f"{'step':>6} {'mode':<6} {'m#':<3} {'iter':>5} {'bs/pad':<7} G {'T/K':<5} {'time':>7} viol"
+    if width >= 44:
+        return f"{'step':>6} {'mode':<6} {'m#':<2} {'iter':>4} {'bs/pad':<7} G {'T/K':<5} viol"
+    return f"{'step':>5} {'mode':<6} {'m#':<2} {'bs/pd':<5} G {'T/K':<4}!"
+
+
+class StepList(ScrollView, can_focus=True):
+    """Virtualized list of every step: only the visible rows' summaries are ever fetched."""
+
+    BINDINGS = [
+        Binding("j,down", "app.next_step", "next", show=False),
+        Binding("k,up", "app.prev_step", "prev", show=False),
+        Binding("pagedown", "page(1)", show=False),
+        Binding("pageup", "page(-1)", show=False),
+    ]
+
+    class Picked(Message):
+        """A step was clicked."""
+
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.index = index
+
+    def __init__(self, source: TraceSource, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.source = source
+        self.cursor = 0
+
+    def on_mount(self) -> None:
+        """Size the virtual canvas to the trace."""
+        self.sync_size()
+
+    def sync_size(self) -> None:
+        """Follow a growing trace."""
+        self.virtual_size = Size(self.size.width, self.source.num_steps() + 1)
+
+    def set_cursor(self, i: int) -> None:
+        """Move the highlight to step i and keep it in view (centred when it jumps)."""
+        self.cursor = i
+        h = max(1, self.size.height - 1)
+        top = int(self.scroll_offset.y)
+        if not top <= i < top + h:
+            self.scroll_to(y=max(0, i - h // 2), animate=False, immediate=True)
+        self.refresh()
+
+    def action_page(self, n: int) -> None:
+        """Move the cursor one screen."""
+        self.app.move_to(self.cursor + n * max(1, self.size.height - 2))  # type: ignore[attr-defined]
+
+    def render_line(self, y: int) -> Strip:
+        """Header on line 0, then one summary per line."""
+        width = self.size.width
+        if y == 0:
+            return Strip([Segment(step_header_text(width).ljust(width)[:width], _S_HEAD)], width)
+        i = int(self.scroll_offset.y) + y - 1
+        s = self.source.summary(i)
+        if s is None:
+            return Strip.blank(width)
+        nv = self.source.num_violations(s)
+        text = step_row_text(s, width, nv).ljust(width)[:width]
+        style = Style()
+        if nv:
+            style = _S_ERR if s.num_errors or any(
+                v.severity.value == "error" for v in self.source.violations.at(i)) else _S_WARN
+        elif s.mode == ForwardMode.TARGET_VERIFY:
+            style = Style(color="#87d7ff")
+        elif s.model == "draft":
+            style = Style(color="#d7d7af")
+        if i == self.cursor:
+            style = style + _S_CURSOR
+        return Strip([Segment(text, style)], width)
+
+    def on_click(self, event: object) -> None:
+        """Pick the clicked row."""
+        y = getattr(event, "y", 0)
+        if y >= 1:
+            i = int(self.scroll_offset.y) + y - 1
+            if 0 <= i < self.source.num_steps():
+                self.post_message(self.Picked(i))
+
+
+class TextPane(Widget):
+    """A pane of rich text with a fixed size: updating it repaints without a layout pass (which costs a
+    whole-screen relayout per step with auto-sized panes)."""
+
+    def __init__(self, text: str = "", **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self._text: Text | str = text
+
+    def update(self, text: Text | str) -> None:
+        """Replace the text and repaint."""
+        self._text = text
+        self.refresh()
+
+    def render(self) -> Text | str:
+        """The current text."""
+        return self._text
+
+
+class Timeline(TextPane):
+    """Plan / compute / host streams for the steps around the current one (current step highlighted)."""
+
+    def __init__(self, source: TraceSource, **kw: object) -> None:
+        super().__init__("", **kw)
+        self.source = source
+        self._cache: dict[int, list[SpanRow]] = {}
+        self.current = 0
+
+    def spans_for(self, a: int, b: int) -> dict[int, list[SpanRow]]:
+        """Spans per step of [a, b), fetched once per step (only the steps not seen yet)."""
+        missing = [i for i in range(a, b) if i not in self._cache]
+        if missing:
+            lo, hi = missing[0], missing[-1] + 1
+            got: dict[int, list[SpanRow]] = {i: [] for i in range(lo, hi)}
+            for sp in self.source.reader.spans(steps=(lo, hi)):
+                got.setdefault(sp.step, []).append(sp)
+            self._cache.update(got)
+            if len(self._cache) > 512:
+                for k in sorted(self._cache, key=lambda k: abs(k - a))[256:]:
+                    del self._cache[k]
+        return {i: self._cache.get(i, []) for i in range(a, b)}
+
+    def show(self, i: int) -> None:
+        """Redraw around step i."""
+        self.current = i
+        self.refresh_text()
+
+    def on_resize(self) -> None:
+        """Redraw for the new width."""
+        self.refresh_text()
+
+    def refresh_text(self) -> None:
+        """Draw three lanes over the time the window of steps spans."""
+        width = max(10, self.size.width)
+        n = self.source.num_steps()
+        if n == 0:
+            self.update("no steps yet")
+            return
+        half = 4 if width < 60 else 8
+        a, b = max(0, self.current - half), min(n, self.current + half + 1)
+        per = self.spans_for(a, b)
+        sums = {s.index: s for s in self.source.summaries(a, b)}
+        t0 = min([s.start_ns for s in sums.values()] + [sp.start_ns for v in per.values() for sp in v])
+        t1 = max([s.end_ns for s in sums.values()] + [sp.end_ns for v in per.values() for sp in v])
+        lane_w = width - 5
+        scale = max(1, t1 - t0) / lane_w
+        lanes = {name: [(" ", Style())] * lane_w for name in ("plan", "comp", "host")}
+        for i in range(a, b):
+            cur = i == self.current
+            colour = "#ffd75f" if cur else ("#5f87af" if i % 2 else "#5f5f87")
+            spans = per.get(i, [])
+            rows = [(("plan" if sp.stream == "plan" else "comp" if sp.stream == "compute" else "host"),
+                     sp.start_ns, sp.end_ns) for sp in spans]
+            s = sums.get(i)
+            if s is not None:
+                rows.append(("host", s.start_ns, s.end_ns))
+            for lane, x0n, x1n in rows:
+                x0 = int((x0n - t0) / scale)
+                x1 = max(x0 + 1, int((x1n - t0) / scale))
+                ch = "█" if cur else "▆"
+                for x in range(max(0, x0), min(lane_w, x1)):
+                    lanes[lane][x] = (ch, Style(color=colour))
+        t = Text()
+        for name, cells in lanes.items():
+            t.append(f"{name:<4} ", style="grey62")
+            for ch, st in cells:
+                t.append(ch, style=st)
+            t.append("\n")
+        t.append(f"steps {a}–{b - 1}  {fmt_ns(t1 - t0)}", style="grey50")
+        self.update(t)
+
+
+class DetailPanel(TextPane):
+    """Forward mode, draft step, graph phase (and its capture), bs vs padded bs, T vs K, max_seq_len_q/k, timings."""
+
+    def show(self, st: Step, s: StepSummary, capture: int | None, kernel: str, nviol: int) -> None:
+        """Draw the detail of one step."""
+        t = Text()
+        mode = st.mode.value + (f" #{st.step_id}" if st.step_id is not None else "")
+        t.append(f"step {st.index}", style="bold")
+        t.append(f"  {st.model} {mode}", style="bold #87d7ff")
+        t.append(f"  iteration {st.iteration}\n")
+        g = st.graph.value
+        if st.graph.value == "replay":
+            g += f" of capture {capture}" if capture is not None else " (capture not in trace)"
+        t.append(f"{g}", style="#d7afff")
+        pad = st.padded_batch_size - st.batch_size
+        t.append(f"  bs {st.batch_size} / padded {st.padded_batch_size}")
+        if pad:
+            t.append(f" (+{pad} pad)", style="#ffaf00")
+        tk = "T≠K" if st.tokens_per_request != st.num_draft_tokens else "T=K"
+        t.append(f"  T {st.tokens_per_request} K {st.num_draft_tokens} ")
+        t.append(tk, style="#ff5f5f" if tk == "T≠K" else "grey62")
+        t.append("\n")
+        sc = st.scalars
+        q, k = sc.get("max_seq_len_q"), sc.get("max_seq_len_k")
+        t.append(f"max_seq_len_q {q}  max_seq_len_k {k}")
+        if "kernel_q_len" in sc:
+            t.append(f"  kernel_q_len {sc['kernel_q_len']}")
+        if "captured_max_seq_len_q" in sc and st.graph.value == "replay":
+            t.append(f"  frozen q {sc['captured_max_seq_len_q']}")
+        t.append(f"  kernel {kernel}\n")
+        t.append(f"host {fmt_ns(st.end_ns - st.start_ns)}", style="grey70")
+        for sp in st.spans:
+            t.append(f"  {sp.stream}:{sp.name} {fmt_ns(sp.end_ns - sp.start_ns)}", style="grey70")
+        if st.errors:
+            t.append(f"\n{len(st.errors)} call error(s): {st.errors[0].call}: {st.errors[0].message}", style="bold red")
+        if nviol:
+            t.append(f"\n{nviol} violation(s) — n / N jump, Tab to the violations pane", style="bold #ff5f5f")
+        self.update(t)
+
+
+class RequestsTable(DataTable):
+    """One row per live request of the step (padded rows listed dimmed)."""
+
+    BINDINGS = [Binding("j", "cursor_down", show=False), Binding("k", "cursor_up", show=False)]
+
+    _rows_shown = -1
+
+    def on_mount(self) -> None:
+        """Columns."""
+        self.cursor_type = "row"
+        self.zebra_stripes = True
+        self.add_columns("row", "req", "slot", "seq before→after", "q", "acc", "draft", "accepted")
+
+    def show(self, st: Step, byte_level: bool, highlight_row: int | None) -> None:
+        """Fill with the step's requests."""
+        self.clear()
+        for b, r in enumerate(st.requests):
+            chain = m.draft_chain(r.draft_tokens, r.accepted_tokens) if r.draft_tokens else []
+            draft = Text()
+            for link in chain:
+                if link.bonus:
+                    continue
+                draft.append(m.token_text(link.token, byte_level) + ("" if byte_level else " "),
+                             style="bold green" if link.accepted else "strike red")
+            acc = Text(m.tokens_text(r.accepted_tokens, byte_level), style="green")
+            mark = Text(str(r.request_id), style="bold black on #ffff5f" if b == highlight_row else "")
+            self.add_row(str(b), mark, str(r.slot), f"{r.seq_len_before}→{r.seq_len_after}", str(r.num_q_tokens),
+                         str(r.accept_length) if st.mode == ForwardMode.TARGET_VERIFY else "", draft, acc, key=str(b))
+        for b in range(len(st.requests), st.padded_batch_size):
+            self.add_row(Text(str(b), style="grey42"), Text("pad", style="grey42"), "", "", "", "", "", "",
+                         key=str(b))
+        want = self.row_count + 3  # border, header, rows, a horizontal scrollbar
+        if want != self._rows_shown:
+            self._rows_shown = want
+            self.styles.height = want  # a layout pass only when the batch size changes
+        if highlight_row is not None and 0 <= highlight_row < self.row_count:
+            self.move_cursor(row=highlight_row, animate=False)
+
+
+class PageGrid(ScrollView, can_focus=True):
+    """Request (and padded row) × logical page → physical page, classes in colour and symbol; zoomable."""
+
+    BINDINGS = [
+        Binding("plus,equals_sign", "zoom(-1)", "zoom in", show=False),
+        Binding("minus", "zoom(1)", "zoom out", show=False),
+        Binding("f", "fit", "fit", show=False),
+        Binding("j", "scroll_down", show=False),
+        Binding("k", "scroll_up", show=False),
+        Binding("h", "scroll_left", show=False),
+        Binding("l", "scroll_right", show=False),
+    ]
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.grid: m.Grid | None = None
+        self.zoom = 0  # index into model.ZOOMS
+        self.highlight: m.Cell | None = None
+        self._auto_fit = True
+
+    # -- layout ----------------------------------------------------------------------------------
+
+    def _label_w(self) -> int:
+        return 30
+
+    def _cell_w(self) -> int:
+        if self.grid is None:
+            return 1
+        if m.ZOOMS[self.zoom] == 0:
+            return max(2, len(str(int(self.grid.pages.max()) if self.grid.pages.size else 0))) + 2
+        return 1
+
+    def _ncells(self) -> int:
+        if self.grid is None:
+            return 0
+        z = m.ZOOMS[self.zoom]
+        return self.grid.cols if z == 0 else -(-self.grid.cols // z)
+
+    def _sync(self) -> None:
+        rows = 0 if self.grid is None else self.grid.rows + 1
+        self.virtual_size = Size(self._label_w() + self._ncells() * self._cell_w(), rows + 2)
+        self.refresh()
+
+    def show(self, grid: m.Grid | None, highlight: m.Cell | None) -> None:
+        """Draw a new step's grid (keeps the zoom unless auto-fit is on)."""
+        self.grid = grid
+        self.highlight = highlight
+        if grid is not None and self._auto_fit:
+            self.zoom = self._fit_index()
+        self._sync()
+        if grid is not None and highlight is not None and highlight.row is not None:
+            self.reveal(highlight)
+
+    def _fit_index(self) -> int:
+        if self.grid is None:
+            return 0
+        width = max(4, self.size.width - self._label_w())
+        num_w = max(2, len(str(int(self.grid.pages.max()) if self.grid.pages.size else 0))) + 2
+        if self.grid.cols * num_w <= width:
+            return 0
+        return m.ZOOMS.index(m.fit_zoom(self.grid.cols, width))
+
+    def reveal(self, cell: m.Cell) -> None:
+        """Scroll the named cell into view."""
+        y = (cell.row or 0)
+        x = 0
+        if cell.array == "page_table" and cell.col is not None:
+            z = m.ZOOMS[self.zoom]
+            x = (cell.col if z == 0 else cell.col // z) * self._cell_w()
+        h = max(1, self.size.height - 2)
+        w = max(1, self.size.width - self._label_w())
+        sy = int(self.scroll_offset.y)
+        sx = int(self.scroll_offset.x)
+        ny = sy if sy <= y < sy + h else max(0, y - h // 2)
+        nx = sx if sx <= x < sx + w - self._cell_w() else max(0, x - w // 2)
+        self.scroll_to(x=nx, y=ny, animate=False, immediate=True)
+
+    def action_zoom(self, d: int) -> None:
+        """Zoom in (-1) or out (+1) one level."""
+        self._auto_fit = False
+        self.zoom = max(0, min(len(m.ZOOMS) - 1, self.zoom + d))
+        self._sync()
+
+    def action_fit(self) -> None:
+        """Fit the widest row in the pane (and keep fitting on later steps)."""
+        self._auto_fit = True
+        self.zoom = self._fit_index()
+        self._sync()
+
+    def zoom_label(self) -> str:
+        """What one character means now."""
+        z = m.ZOOMS[self.zoom]
+        return "page numbers" if z == 0 else f"{z} page{'s' if z > 1 else ''}/char"
+
+    # -- drawing ---------------------------------------------------------------------------------
+
+    def render_line(self, y: int) -> Strip:
+        """Line 0: header; then one line per row; the last: the cu_seqlens end values; then the legend."""
+        width = self.size.width
+        g = self.grid
+        if g is None:
+            return Strip([Segment("no page table in this step".ljust(width)[:width], _S_DIM)], width) if y == 0 \
+                else Strip.blank(width)
+        lw = self._label_w()
+        cw = self._cell_w()
+        z = m.ZOOMS[self.zoom]
+        sx = int(self.scroll_offset.x)
+        gw = max(0, width - lw)
+        if y == 0:
+            label = f"{'row':>3} {'req':>5} {'cache_sl':>8} {'cu_q':>4} {'cu_k':>6}"
+            segs = [Segment(label.ljust(lw)[:lw], _S_HEAD)]
+            head = []
+            for c in range(self._ncells()):
+                first = c if z == 0 else c * max(1, z)
+                tick = (z == 0) or (c % 10 == 0)
+                lab = str(first) if tick else ""
+                head.append(lab.rjust(cw)[:cw] if z == 0 else (lab if tick else " "))
+            htxt = "".join(head) if z == 0 else _ticks(self._ncells(), z)
+            segs.append(Segment(htxt[sx:sx + gw].ljust(gw), _S_HEAD))
+            return Strip(segs, width)
+        r = int(self.scroll_offset.y) + y - 1
+        if r == g.rows:
+            # cu_seqlens have rows+1 entries: the last one (the token totals) sits under the last row.
+            q = _at(g.cu_seqlens_q, r)
+            k = _at(g.cu_seqlens_k, r)
+            label = f"{'end':>3} {'':>5} {'':>8} {q:>4} {k:>6}"
+            return Strip([Segment(label.ljust(width)[:width], _S_DIM)], width)
+        if r == g.rows + 1:
+            return Strip(self._legend(width)).crop_extend(0, width, None)
+        if r > g.rows + 1:
+            return Strip.blank(width)
+        hl = self.highlight
+        rid = g.request_ids[r]
+        label_style = _S_DIM if r >= g.live_rows else Style()
+        segs = [Segment(f"{r:>3} ", label_style), Segment(f"{'pad' if rid is None else rid:>5} ", label_style)]
+        for name, arr, w in (("cache_seqlens", g.cache_seqlens, 8), ("cu_seqlens_q", g.cu_seqlens_q, 4),
+                             ("cu_seqlens_k", g.cu_seqlens_k, 6)):
+            st = _S_HIT if hl is not None and hl.array == name and hl.row == r else label_style
+            segs.append(Segment(f"{_at(arr, r):>{w}}", st))
+            segs.append(Segment(" "))
+        used = sum(len(s.text) for s in segs)
+        segs.append(Segment(" " * max(0, lw - used)))
+        cells: list[Segment] = []
+        if z == 0:
+            for c in range(g.cols):
+                k = int(g.cls[r, c])
+                txt = f"{int(g.pages[r, c])}{m.SYMBOLS[k]}".rjust(cw - 1) + " "
+                cells.append(Segment(txt, self._cell_style(k, r, c)))
+        else:
+            cls, first = m.zoom_cells(g, z)
+            for c in range(cls.shape[1]):
+                k = int(cls[r, c])
+                cells.append(Segment(m.SYMBOLS[k], self._cell_style(k, r, int(first[c]), z)))
+        segs.extend(_merge(_crop(cells, sx, gw)))
+        return Strip(segs, width).crop(0, width)
+
+    def _cell_style(self, k: int, r: int, col: int, z: int = 1) -> Style:
+        hl = self.highlight
+        base = _KIND_STYLES[k]
+        if hl is not None and hl.array in ("page_table", "req_to_token_page_starts") and hl.row == r and (
+                hl.col is None or col <= hl.col < col + max(1, z)):
+            return _S_CELL_HIT
+        if hl is not None and hl.array == "request" and hl.row == r:
+            return base + Style(underline=True)
+        return base
+
+    def _legend(self, width: int) -> list[Segment]:
+        segs = []
+        for k, name in enumerate(m.CLASS_NAMES):
+            segs.append(Segment(m.SYMBOLS[k], _KIND_STYLES[k]))
+            segs.append(Segment(f" {name}  ", _S_DIM))
+        segs.append(Segment(f"[{self.zoom_label()}; +/- zoom, f fit]", _S_DIM))
+        return segs
+
+
+def _merge(segs: list[Segment]) -> list[Segment]:
+    """Adjacent segments of one style as one: a grid line is hundreds of cells but a few runs."""
+    out: list[Segment] = []
+    for seg in segs:
+        if out and out[-1].style == seg.style:
+            out[-1] = Segment(out[-1].text + seg.text, seg.style)
+        else:
+            out.append(seg)
+    return out
+
+
+def _ticks(ncells: int, z: int) -> str:
+    out = [" "] * ncells
+    for c in range(0, ncells, 10):
+        lab = str(c * z)
+        for k, ch in enumerate(lab):
+            if c + k < ncells:
+                out[c + k] = ch
+    return "".join(out)
+
+
+def _at(arr: object, i: int) -> str:
+    try:
+        return str(int(arr[i]))  # type: ignore[index]
+    except (TypeError, IndexError):
+        return "-"
+
+
+def _crop(cells: Sequence[Segment], start: int, width: int) -> list[Segment]:
+    out, x = [], 0
+    end = start + width
+    for seg in cells:
+        n = len(seg.text)
+        if x + n > start and x < end:
+            a, b = max(0, start - x), min(n, end - x)
+            out.append(Segment(seg.text[a:b], seg.style))
+        x += n
+        if x >= end:
+            break
+    used = sum(len(s.text) for s in out)
+    if used < width:
+        out.append(Segment(" " * (width - used)))
+    return out
+
+
+class ViolationsPanel(Tree):
+    """Violations grouped by invariant; selecting one jumps to its step and highlights its cell."""
+
+    BINDINGS = [Binding("j", "cursor_down", show=False), Binding("k", "cursor_up", show=False)]
+
+    class Jump(Message):
+        """The user picked a violation."""
+
+        def __init__(self, violation: Violation) -> None:
+            super().__init__()
+            self.violation = violation
+
+    MAX_PER_GROUP = 200
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__("violations", **kw)  # type: ignore[arg-type]
+        self.show_root = False
+        self._version = -1
+
+    def fill(self, groups: list[tuple[str, list[Violation]]], version: int, descriptions: dict[str, str],
+             current_step: int) -> None:
+        """Rebuild the tree when the violation index changed."""
+        if version == self._version:
+            return
+        self._version = version
+        self.clear()
+        if not groups:
+            self.root.add_leaf(Text("no violations", style="grey50"))
+            return
+        for cid, vs in groups:
+            sev = vs[0].severity.value
+            label = Text()
+            label.append(f"{cid} ", style="bold #ff5f5f" if sev == "error" else "bold #ffaf00")
+            label.append(f"×{len(vs)} ", style="bold")
+            label.append(descriptions.get(cid, ""), style="grey62")
+            node = self.root.add(label, expand=len(groups) <= 3)
+            for v in vs[: self.MAX_PER_GROUP]:
+                where = f"step {v.step}" + (f" r{v.request_id}" if v.request_id is not None else "")
+                msg = v.message.split(": ", 1)[-1]
+                node.add_leaf(Text.assemble((f"{where:<14} ", "bold"), (msg, "")), data=v)
+            if len(vs) > self.MAX_PER_GROUP:
+                node.add_leaf(Text(f"… {len(vs) - self.MAX_PER_GROUP} more (n / N walk them all)", style="grey50"))
+
+    def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
+        """Jump to a picked violation."""
+        v = event.node.data
+        if isinstance(v, Violation):
+            self.post_message(self.Jump(v))
+
+
+class ChainPanel(TextPane):
+    """The draft chain of the verify this step belongs to: accepted tokens marked ✓, rejected ✗, bonus +."""
+
+    def show(self, verify: Step | None, byte_level: bool, here: int) -> None:
+        """Draw the chains of a verify step's rows."""
+        if verify is None:
+            self.update(Text("no verify step in this iteration", style="grey50"))
+            return
+        t = Text()
+        t.append(f"verify step {verify.index}" + (" (this step)" if verify.index == here else "") + "\n",
+                 style="bold")
+        for r in verify.requests:
+            t.append(f"r{r.request_id:<3} ", style="bold")
+            t.append("● ", style="grey62")
+            for link in m.draft_chain(r.draft_tokens, r.accepted_tokens):
+                tok = m.token_text(link.token, byte_level)
+                if link.bonus:
+                    t.append(f"+{tok} ", style="bold cyan")
+                elif link.accepted:
+                    t.append(f"{tok}✓ ", style="bold green")
+                else:
+                    t.append(f"{tok}✗ ", style="red")
+            t.append(f" acc {r.accept_length}\n", style="grey62")
+        self.update(t)
+
+
+class AcceptPanel(TextPane):
+    """Acceptance per draft position: the whole run and a window of steps around the current one."""
+
+    def show(self, run_hist: Sequence[int] | None, window_hist: Sequence[int], window: tuple[int, int]) -> None:
+        """Draw two columns of per-position bars."""
+        t = Text()
+        w = 10
+        run_rates = m.accept_by_position(run_hist) if run_hist else []
+        win_rates = m.accept_by_position(window_hist)
+        mr = m.mean_accept(run_hist) if run_hist else None
+        mw = m.mean_accept(window_hist)
+        t.append(f"{'pos':<4}{'run':<{w + 6}}steps {window[0]}–{window[1]}\n", style="bold")
+        for j in range(max(len(run_rates), len(win_rates))):
+            a = run_rates[j] if j < len(run_rates) else None
+            b = win_rates[j] if j < len(win_rates) else None
+            t.append(f"d{j:<3}")
+            t.append(m.bar(a or 0.0, w), style="green")
+            t.append(f"{'' if a is None else f'{a:.2f}':>5} ")
+            t.append(m.bar(b or 0.0, w), style="cyan")
+            t.append(f"{'' if b is None else f'{b:.2f}':>5}\n")
+        t.append(f"accept len  run {'-' if mr is None else f'{mr:.2f}'}  window {'-' if mw is None else f'{mw:.2f}'}",
+                 style="grey70")
+        if run_hist is None:
+            t.append("  (run totals loading…)", style="grey50")
+        self.update(t)
