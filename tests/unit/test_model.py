@@ -256,3 +256,64 @@ def test_embedded_models_found_from_a_wheel_install(monkeypatch: pytest.MonkeyPa
         loader.resolve_model_path("tiny")
     monkeypatch.setenv("SPECSCOPE_SAMPLES", str(real.parent))  # the repository's samples/ folder
     assert loader.resolve_model_path("tiny-draft") == real / "draft"
+
+
+@pytest.mark.parametrize("patch,match", [
+    ({"num_hidden_layers": -1}, 'field "num_hidden_layers" must be a positive integer, got -1'),
+    ({"hidden_size": "abc"}, 'field "hidden_size" must be a positive integer, got \'abc\''),
+    ({"head_dim": 0}, 'field "head_dim" must be a positive integer, got 0'),
+    ({"max_position_embeddings": 1.5}, 'field "max_position_embeddings" must be a positive integer, got 1.5'),
+    ({"rope_theta": -1}, 'field "rope_theta" must be a positive number'),
+    ({"head_dim": None, "hidden_size": 66}, "hidden_size=66 is not a multiple of num_attention_heads=4"),
+])  # fmt: skip
+def test_config_values_are_checked_and_named(patch: dict, match: str, tmp_path: Path) -> None:
+    folder = write_config(tmp_path / "m", {**SMALL, **patch})
+    with pytest.raises(ValueError) as e:
+        ModelConfig.from_json(folder)
+    assert str(e.value) == f"{folder / 'config.json'}: {match}" or match in str(e.value)
+    assert str(e.value).startswith(str(folder / "config.json"))
+    assert ModelConfig.from_dict({**SMALL, "hidden_size": 64.0}).hidden_size == 64  # 64.0 is an integer
+
+
+def test_damaged_safetensors_is_a_value_error_naming_the_file(tmp_path: Path) -> None:
+    from specscope.backend.loader import check_checkpoint
+
+    folder = write_config(tmp_path / "m", SMALL)
+    header = json.dumps({"lm_head.weight": {"dtype": "NOPE", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    check_checkpoint(folder)  # the header's layout is sound; the dtype is only known to safetensors itself
+    with pytest.raises(ValueError, match=r"model\.safetensors is not a readable safetensors file \(Safetensor"):
+        load_model(folder)
+    (folder / "model.safetensors").write_bytes((1 << 40).to_bytes(8, "little"))
+    with pytest.raises(ValueError, match="header length 1099511627776 but the file has 8 bytes"):
+        check_checkpoint(folder)
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        load_model(folder)
+
+
+def test_workload_prompts_start_at_lines_and_end_inside_code() -> None:
+    from specscope.backend.workload import good_cut, held_out_text, make_requests
+
+    text = held_out_text()
+    kw = dict(num_requests=40, max_new_tokens=8, seed=5, vocab_size=256, byte_level=True, prompt_len=(24, 160),
+              arrival_gap=(0, 2), stop_token_ids=frozenset())
+    reqs = make_requests(**kw)
+    assert [r.prompt for r in reqs] == [r.prompt for r in make_requests(**kw)]  # seeded
+    for r in reqs:
+        p = bytes(r.prompt)
+        assert 24 <= len(p) <= 160
+        start = text.find(p)
+        assert start >= 0 and good_cut(text, start, start + len(p)), p
+        assert (start == 0 or text[start - 1] == 10) and p[-1:] not in (b" ", b"\n", b"\t")
+    ids = make_requests(**{**kw, "byte_level": False, "vocab_size": 1000})
+    assert all(1 <= t < 1000 for r in ids for t in r.prompt)
+
+
+def test_loader_and_config_import_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport specscope.backend.loader, specscope.backend.engine_config, "
+            "specscope.backend.sizing\nprint('torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr
