@@ -17,7 +17,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                           "instrumented backend, record a trace, and check it.",
                               formatter_class=DefaultsHelpFormatter)
     add_run_arguments(p, default_output="specscope-demo-<time>.db")
+    p.add_argument("--no-tui", action="store_true",
+                   help="print the summary instead of opening the live TUI (always so when stdout is not a terminal)")
     p.set_defaults(run=run)
+
+
+def _wants_tui(args: argparse.Namespace) -> bool:
+    """The live TUI opens when both ends are a terminal, textual is installed, and nothing says otherwise."""
+    if args.no_tui or args.no_trace or args.list_faults or not (sys.stdout.isatty() and sys.stdin.isatty()):
+        return False
+    try:
+        import textual  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,6 +39,12 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.output and not args.no_trace:
         args.output = time.strftime("specscope-demo-%Y%m%d-%H%M%S.db")
+    if _wants_tui(args):
+        from specscope.ui.tui.live import Breakpoints
+
+        from .cmd_tui import launch_live, run_argv
+
+        return launch_live(run_argv(args), args.output, Breakpoints(on_violation=True))
     rc = run_engine(args)
     if rc != 0 or args.no_trace or not os.path.exists(args.output):
         return rc
