@@ -1,4 +1,4 @@
-"""Trace store benchmark: write throughput, bytes per step and random-step read latency.
+"""Trace store benchmark: write throughput, bytes per step, random-step reads and the viewer queries.
 
 Workload: a spec-decoding run at bs=64 with ~4k-token contexts (prompts 3500-4600 tokens) in 64-token
 pages. Requests take contiguous page runs from a shared pool at prefill and single pages from a free
@@ -7,12 +7,14 @@ and fragment as in a real server. Every iteration records DRAFT_DECODE x3 (T=1),
 and DRAFT_EXTEND (T=accept length), plus an EXTEND step whenever new requests are prefilled; each step
 carries the standard metadata arrays of docs/trace-format.md, 64 RequestStates and 2-3 stream spans.
 
-    python benchmarks/trace_store.py --steps 100000 --out benchmarks/results/trace_store.json
+    python benchmarks/trace_store.py --steps 100000 --out benchmarks/results/trace_store.json \
+        --md benchmarks/results/trace_store.md
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -20,30 +22,38 @@ import random
 import shlex
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
+import zstandard
+from specscope.tracer.process_writer import ProcessTraceWriter, raw_from_step
+from specscope.tracer.query import StepFilter
 from specscope.tracer.schema import (
     ArraySnapshot,
     ForwardMode,
     GraphPhase,
     RequestState,
     RunInfo,
+    Severity,
     Step,
     StreamSpan,
+    Violation,
 )
-from specscope.tracer.store import TraceReader, TraceWriter
+from specscope.tracer.store import TraceReader, TraceWriter, append_violations
 from specscope.tracer.summary import summarize
 
 BS = 64
 PAGE = 64
 K = 4  # num_draft_tokens: 3 draft steps + the root
 MAX_PAGES = 128  # page_table width the kernel sees (max context 8192)
-TARGETS = {"write_steps_per_s": 2000.0, "bytes_per_step": 8192.0, "read_ms": 5.0}
+TARGETS = {"write_steps_per_s": 2000.0, "bytes_per_step": 8192.0, "read_ms": 5.0, "summaries_ms": 100.0,
+           "find_steps_ms": 200.0}
 
 
 class Workload:
@@ -190,134 +200,287 @@ def run_info(args: argparse.Namespace) -> RunInfo:
     )  # fmt: skip
 
 
-def bench(args: argparse.Namespace) -> dict:
-    """Run the benchmark and return the results dict."""
-    workdir = tempfile.mkdtemp(prefix="specscope-bench-")
-    path = os.path.join(workdir, "bench.db")
+def _fresh(workdir: str, name: str) -> str:
+    path = os.path.join(workdir, name)
+    for p in (path, path + "-wal", path + "-shm"):
+        if os.path.exists(p):
+            os.remove(p)
+    return path
+
+
+def write_once(args: argparse.Namespace, path: str, writer_kind: str, steps: int, check: bool = False) -> dict:
+    """Write `steps` steps with one writer kind; returns wall/CPU time and size.
+
+    Steps (and, for the process writer, their compact raw form) are built in untimed chunks, so the
+    numbers measure the store, not this script's step generator."""
     gen = Workload(seed=args.seed).steps()
-    writer = TraceWriter(path, run_info(args))
-    # Steps are built in chunks outside the timed region, so the number measures the store, not this
-    # script's Python step generator (which on a 2-core machine would also compete for the GIL).
-    wall = gen_s = cpu = 0.0
+    if writer_kind == "process":
+        writer: Any = ProcessTraceWriter(path, run_info(args), check=check)
+    else:
+        writer = TraceWriter(path, run_info(args), threaded=writer_kind == "thread")
+    wall = cpu = 0.0
     done = 0
-    load_before = os.getloadavg()
-    while done < args.steps:
-        t = time.perf_counter()
-        chunk = [next(gen) for _ in range(min(args.chunk, args.steps - done))]
-        gen_s += time.perf_counter() - t
+    child_cpu0 = _children_cpu()
+    load_before = os.getloadavg()[0]
+    close_s = 0.0
+    while done < steps:
+        chunk = [next(gen) for _ in range(min(args.chunk, steps - done))]
+        if writer_kind == "process":
+            chunk = [raw_from_step(s) for s in chunk]
         t, c = time.perf_counter(), time.process_time()
-        for s in chunk:
-            writer.write_step(s)
-        if done + len(chunk) < args.steps:
+        if writer_kind == "process":
+            for s in chunk:
+                writer.write_raw_step(s)
+        else:
+            for s in chunk:
+                writer.write_step(s)
+        if done + len(chunk) < steps:
             writer.flush()
         else:
-            writer.close()  # wall time runs until close() returns: everything committed and checkpointed
-        wall += time.perf_counter() - t
-        cpu += time.process_time() - c
+            writer.flush()  # everything committed: the write phase ends here
+            wall += time.perf_counter() - t
+            cpu += time.process_time() - c
+            t = time.perf_counter()
+            writer.close()  # checkpoint, and with check=True: wait for the checker's last verdicts
+            close_s = time.perf_counter() - t
+            t = c = None
+        if t is not None:
+            wall += time.perf_counter() - t
+            cpu += time.process_time() - c
         done += len(chunk)
         del chunk
-    gen_rate = done / gen_s
-    size = os.path.getsize(path)
+    child_cpu = _children_cpu() - child_cpu0
+    res = {
+        "writer": writer_kind, "check": check, "steps": steps, "write_wall_s": round(wall, 3),
+        "write_steps_per_s": round(steps / wall, 1), "close_s": round(close_s, 3),
+        "cpu_us_per_step_this_process": round(cpu / steps * 1e6, 1),
+        "cpu_us_per_step_children": round(child_cpu / steps * 1e6, 1),
+        "file_bytes": os.path.getsize(path), "bytes_per_step": round(os.path.getsize(path) / steps, 1),
+        "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }  # fmt: skip
+    if check and writer_kind == "process":
+        res["check_result"] = dataclasses.asdict(writer.check_result) if writer.check_result else None
+    return res
 
-    rnd = random.Random(args.seed)
-    lat = []
-    with TraceReader(path) as reader:
-        n = reader.num_steps()
+
+def _children_cpu() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def _timed(fn: Callable[[], Any], repeat: int) -> tuple[list[float], Any]:
+    out, last = [], None
+    for _ in range(repeat):
         t = time.perf_counter()
-        n = reader.num_steps()
-        num_steps_ms = (time.perf_counter() - t) * 1e3
+        last = fn()
+        out.append((time.perf_counter() - t) * 1e3)
+    return out, last
+
+
+def _stats(ms: list[float]) -> dict:
+    ms = sorted(ms)
+    return {"median_ms": round(statistics.median(ms), 3), "p99_ms": round(ms[int(0.99 * (len(ms) - 1))], 3),
+            "max_ms": round(ms[-1], 3), "samples": len(ms)}  # fmt: skip
+
+
+def read_bench(args: argparse.Namespace, path: str) -> dict:
+    """Read-side timings on a written trace: random steps, summaries, searches, spans, histories."""
+    rnd = random.Random(args.seed)
+    # Violations a checker would have written: sparse I10s everywhere, one rare I21 near the end.
+    with TraceReader(path) as r:
+        n = r.num_steps()
+    viol = [Violation("I10", Severity.ERROR, i, f"step {i}: page_table[3, 7] = 12 but req_to_token says 13", 3,
+                      array="page_table", row=3, col=7, found="12", expected="13") for i in range(0, n, 997)]
+    viol.append(Violation("I21", Severity.ERROR, n - 1234, "plan work started before its producers ended"))
+    append_violations(path, viol, source="check", replace=True)
+    res: dict[str, Any] = {}
+    with TraceReader(path) as r:
+        ms, _ = _timed(lambda: r.num_steps(), 50)
+        res["num_steps"] = _stats(ms)
+        lat = []
         for _ in range(args.reads):
             i = rnd.randrange(n)
             t = time.perf_counter()
-            reader.step(i)
+            r.step(i)
             lat.append((time.perf_counter() - t) * 1e3)
+        res["step_all_arrays"] = _stats(lat)
+        lat = []
+        for _ in range(args.reads):
+            i = rnd.randrange(n)
+            t = time.perf_counter()
+            r.step(i, arrays=("cache_seqlens",))
+            lat.append((time.perf_counter() - t) * 1e3)
+        res["step_one_array"] = _stats(lat)
+        starts = [rnd.randrange(n - 1000) for _ in range(20)]
+        ms = []
+        for a in starts:
+            t = time.perf_counter()
+            rows = r.summaries(a, a + 1000)
+            ms.append((time.perf_counter() - t) * 1e3)
+            assert len(rows) == 1000
+        res["summaries_1000"] = _stats(ms)
+        ms, found = _timed(lambda: r.find_steps("I21"), 5)
+        res["find_steps_rare_check_id"] = _stats(ms) | {"found": found}
+        ms, found = _timed(lambda: r.find_steps("I10", after=n // 2, limit=None), 5)
+        res["find_steps_check_id_all_after_half"] = _stats(ms) | {"found": len(found)}
+        # A request alive in the second half of the run: all its steps, and the next one after a point.
+        mid = r.step(n * 3 // 4, arrays=()).requests[0].request_id
+        ms, found = _timed(lambda: r.find_steps(f"request {mid}", limit=None), 5)
+        res["find_steps_request_all"] = _stats(ms) | {"request_id": mid, "found": len(found)}
+        ms, found = _timed(lambda: r.find_steps(StepFilter(request_id=mid), after=n * 3 // 4), 5)
+        res["find_steps_request_next"] = _stats(ms) | {"found": found}
+        ms, hist = _timed(lambda: r.request_history(mid), 5)
+        res["request_history"] = _stats(ms) | {"rows": len(hist)}
+        ms, found = _timed(lambda: r.find_steps("EXTEND", after=n // 2, limit=10), 5)
+        res["find_steps_mode"] = _stats(ms) | {"found": len(found)}
+        s = r.summary(n // 2)
+        ms, spans = _timed(lambda: r.spans(s.start_ns, s.start_ns + 2_000_000), 20)
+        res["spans_2ms_window"] = _stats(ms) | {"rows": len(spans)}
+        ms, spans = _timed(lambda: r.spans(steps=(n // 2, n // 2 + 1000)), 20)
+        res["spans_1000_steps"] = _stats(ms) | {"rows": len(spans)}
+        ms, _ = _timed(lambda: r.capture_of(n - 1), 20)
+        res["capture_of"] = _stats(ms)
         t = time.perf_counter()
-        first_screen = list(reader.step_headers(0, 50))
-        headers_ms = (time.perf_counter() - t) * 1e3
-        t = time.perf_counter()
-        summary = summarize(reader)
-        summarize_ms = (time.perf_counter() - t) * 1e3
-    lat.sort()
-    os.remove(path)
+        summary = summarize(r)
+        res["summarize_ms"] = round((time.perf_counter() - t) * 1e3, 1)
+        res["mean_accept_length"] = round(summary["mean_accept_length"], 3)
+    return res
+
+
+def bench(args: argparse.Namespace) -> dict:
+    """Run the benchmark and return the results dict."""
+    workdir = tempfile.mkdtemp(prefix="specscope-bench-")
+    runs = []
+    for k in range(args.runs):
+        for kind in args.writers:
+            path = _fresh(workdir, f"bench-{kind}.db")
+            runs.append(write_once(args, path, kind, args.steps) | {"run": k})
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+            if not (k == args.runs - 1 and kind == args.writers[0]):
+                os.remove(path)
+    read_path = os.path.join(workdir, f"bench-{args.writers[0]}.db")
+    reads = read_bench(args, read_path)
+    os.remove(read_path)
+    checked = None
+    if args.check_steps:
+        path = _fresh(workdir, "bench-check.db")
+        checked = write_once(args, path, "process", args.check_steps, check=True)
+        os.remove(path)
     os.rmdir(workdir)
+    by_kind: dict[str, dict] = {}
+    for kind in args.writers:
+        rs = [r for r in runs if r["writer"] == kind]
+        rates = [r["write_steps_per_s"] for r in rs]
+        by_kind[kind] = {
+            "write_steps_per_s_median": round(statistics.median(rates), 1),
+            "write_steps_per_s_min": min(rates), "write_steps_per_s_max": max(rates),
+            "bytes_per_step": rs[-1]["bytes_per_step"],
+            "cpu_us_per_step_writer": round(statistics.median(
+                r["cpu_us_per_step_children"] if kind == "process" else r["cpu_us_per_step_this_process"]
+                for r in rs), 1),
+        }  # fmt: skip
+    head = by_kind[args.writers[0]]
     res = {
-        "steps": n,
-        "write_wall_s": round(wall, 3),
-        "write_steps_per_s": round(n / wall, 1),
-        # CPU seconds of all threads per step while writing: what the store costs, whatever else runs.
-        "write_cpu_us_per_step": round(cpu / n * 1e6, 1),
-        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
-        "generator_only_steps_per_s": round(gen_rate, 1),
-        "file_bytes": size,
-        "bytes_per_step": round(size / n, 1),
-        "read_ms_median": round(statistics.median(lat), 3),
-        "read_ms_p99": round(lat[int(0.99 * (len(lat) - 1))], 3),
-        "read_samples": len(lat),
-        "num_steps_ms": round(num_steps_ms, 3),
-        "first_50_headers_ms": round(headers_ms, 3),
-        "num_headers_read": len(first_screen),
-        "summarize_ms": round(summarize_ms, 1),
-        "mean_accept_length": round(summary["mean_accept_length"], 3),
+        "steps": args.steps,
+        "headline_writer": args.writers[0],
+        "write": by_kind,
+        "runs": runs,
+        "with_checker": checked,
+        "read": reads,
         "targets": TARGETS,
         "machine": {
-            "cpu_cores": os.cpu_count(),
-            "cpu": _cpu_model(),
-            "python": platform.python_version(),
-            "sqlite": sqlite3.sqlite_version,
-            "numpy": np.__version__,
-            "platform": platform.platform(),
-        },
+            "cpu_cores": os.cpu_count(), "cpu": _cpu_model(), "python": platform.python_version(),
+            "sqlite": sqlite3.sqlite_version, "numpy": np.__version__, "zstandard": zstandard.__version__,
+            "platform": platform.platform(), "specscope_git": _git_head(),
+        },  # fmt: skip
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": "python benchmarks/trace_store.py " + shlex.join(sys.argv[1:]),
     }
     res["pass"] = {
-        "write_steps_per_s": res["write_steps_per_s"] >= TARGETS["write_steps_per_s"],
-        "bytes_per_step": res["bytes_per_step"] <= TARGETS["bytes_per_step"],
-        "read_ms": res["read_ms_p99"] <= TARGETS["read_ms"],
-    }
+        "write_steps_per_s": head["write_steps_per_s_median"] >= TARGETS["write_steps_per_s"],
+        "bytes_per_step": head["bytes_per_step"] <= TARGETS["bytes_per_step"],
+        "read_ms": reads["step_all_arrays"]["p99_ms"] <= TARGETS["read_ms"],
+        "summaries_ms": reads["summaries_1000"]["max_ms"] <= TARGETS["summaries_ms"],
+        "find_steps_ms": max(reads["find_steps_rare_check_id"]["max_ms"],
+                             reads["find_steps_request_all"]["max_ms"]) <= TARGETS["find_steps_ms"],
+    }  # fmt: skip
     return res
+
+
+def _git_head() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))  # fmt: skip
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def markdown(res: dict, note: str) -> str:
     """A short human-readable report of a results dict."""
-    m, t, ok = res["machine"], res["targets"], res["pass"]
+    m, t, ok, rd = res["machine"], res["targets"], res["pass"], res["read"]
 
     def mark(k: str) -> str:
         return "pass" if ok[k] else "**MISS**"
 
+    head = res["write"][res["headline_writer"]]
     rows = [
-        ("write throughput",
-         f"{res['write_steps_per_s']:,.0f} steps/s ({res['steps']:,} steps in {res['write_wall_s']} s)",
-         f">= {t['write_steps_per_s']:,.0f} steps/s", mark("write_steps_per_s")),
-        ("file size", f"{res['bytes_per_step']:,.0f} bytes/step ({res['file_bytes'] / 2**20:,.1f} MiB)",
-         f"<= {t['bytes_per_step']:,.0f} bytes/step", mark("bytes_per_step")),
-        ("random `reader.step(i)`",
-         f"median {res['read_ms_median']} ms, p99 {res['read_ms_p99']} ms ({res['read_samples']} reads)",
-         f"<= {t['read_ms']} ms", mark("read_ms")),
+        (f"write throughput ({res['headline_writer']} writer, median of {len(res['runs']) // len(res['write'])})",
+         f"{head['write_steps_per_s_median']:,.0f} steps/s (min {head['write_steps_per_s_min']:,.0f},"
+         f" max {head['write_steps_per_s_max']:,.0f})", f">= {t['write_steps_per_s']:,.0f} steps/s",
+         mark("write_steps_per_s")),
+        ("file size", f"{head['bytes_per_step']:,.0f} bytes/step", f"<= {t['bytes_per_step']:,.0f} bytes/step",
+         mark("bytes_per_step")),
+        ("random `reader.step(i)`", f"median {rd['step_all_arrays']['median_ms']} ms, p99 "
+         f"{rd['step_all_arrays']['p99_ms']} ms", f"<= {t['read_ms']} ms (p99)", mark("read_ms")),
+        ("`summaries(a, a + 1000)`, 20 random a", f"median {rd['summaries_1000']['median_ms']} ms, max "
+         f"{rd['summaries_1000']['max_ms']} ms", f"<= {t['summaries_ms']:.0f} ms", mark("summaries_ms")),
+        ("`find_steps` by violation id (one I21 near the end)", f"max {rd['find_steps_rare_check_id']['max_ms']} ms",
+         f"<= {t['find_steps_ms']:.0f} ms", mark("find_steps_ms")),
+        ("`find_steps` by request id (all its steps)", f"max {rd['find_steps_request_all']['max_ms']} ms "
+         f"({rd['find_steps_request_all']['found']} steps)", f"<= {t['find_steps_ms']:.0f} ms", mark("find_steps_ms")),
     ]  # fmt: skip
     table = "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
-    return f"""# Trace store benchmark
+    writers = "\n".join(
+        f"| {k} | {v['write_steps_per_s_median']:,.0f} | {v['write_steps_per_s_min']:,.0f} – "
+        f"{v['write_steps_per_s_max']:,.0f} | {v['cpu_us_per_step_writer']} | {v['bytes_per_step']:,.0f} |"
+        for k, v in res["write"].items())  # fmt: skip
+    other = "\n".join(f"- `{k}`: " + ", ".join(f"{a} {b}" for a, b in v.items()) if isinstance(v, dict)
+                      else f"- `{k}`: {v}" for k, v in rd.items())  # fmt: skip
+    chk = res.get("with_checker")
+    chk_text = ""
+    if chk:
+        chk_text = (f"\nWith the live checker on (`ProcessTraceWriter(..., check=True)`, {chk['steps']:,} steps): "
+                    f"{chk['write_steps_per_s']:,.0f} steps/s until every step was committed, then "
+                    f"{chk['close_s']} s in `close()` for the checker to finish its last verdicts "
+                    f"({chk.get('check_result')}).\n")
+    return f"""# Trace store benchmark (schema 2)
 
 - Machine: {m["cpu_cores"]} CPU cores ({m["cpu"]}), {m["platform"]}
-- Python {m["python"]}, SQLite {m["sqlite"]}, numpy {m["numpy"]}
+- Python {m["python"]}, SQLite {m["sqlite"]}, numpy {m["numpy"]}, zstandard {m["zstandard"]},
+  specscope {m["specscope_git"]}
 - Date: {res["date"]}
 - Command: `{res["command"]}`
 {note}
 Workload: bs=64, contexts of 3500-4600 tokens in 64-token pages from a shared, fragmenting pool;
 DRAFT_DECODE x3, TARGET_VERIFY (T=4), DRAFT_EXTEND per iteration, EXTEND on admissions; the nine
-standard arrays, 64 RequestStates and 2-3 spans per step. Steps are generated in untimed chunks, so
-write throughput measures the store (`write_step` calls until `close()` returned).
+standard arrays, 64 RequestStates and 2-3 spans per step. Steps (and the compact raw form the engine
+sends) are generated in untimed chunks; write throughput is `write_*` calls until a flush returned with
+every step committed. The `process` writer is what `specscope run` uses (pickles over a pipe to a child
+that encodes and commits synchronously); `sync` is that child's `TraceWriter(threaded=False)` fed Step
+objects in-process; `thread` the in-process threaded writer.
 
 | metric | result | target | |
 |---|---|---|---|
 {table}
 
-Writer CPU (all threads, per step): {res["write_cpu_us_per_step"]} us. Load average (1 min) before / after
-the write phase: {res["load_average_before_after"][0]} / {res["load_average_before_after"][1]}.
+| writer | steps/s (median) | min – max | writer CPU us/step | bytes/step |
+|---|---|---|---|---|
+{writers}
+{chk_text}
+Read side, all on the {res["steps"]:,}-step trace:
 
-Also measured: `num_steps()` {res["num_steps_ms"]} ms; first 50 step headers {res["first_50_headers_ms"]} ms;
-`summarize()` (what `specscope info` computes) {res["summarize_ms"]} ms; this script's step generator
-alone {res["generator_only_steps_per_s"]:,.0f} steps/s.
+{other}
 """
 
 
@@ -328,10 +491,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reads", type=int, default=1000, help="random step reads to time")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chunk", type=int, default=2000, help="steps generated per untimed chunk")
+    ap.add_argument("--runs", type=int, default=3, help="write runs per writer kind (median and spread)")
+    ap.add_argument("--writers", default="process,sync", help="writer kinds, headline first: process, sync, thread")
+    ap.add_argument("--check-steps", type=int, default=10_000, help="steps of the run with the live checker (0: none)")
     ap.add_argument("--out", help="write the results JSON here")
     ap.add_argument("--md", help="write a short markdown report here")
     ap.add_argument("--note", default="", help="a line for the markdown report (e.g. machine load)")
     args = ap.parse_args(argv)
+    args.writers = [w.strip() for w in args.writers.split(",") if w.strip()]
     res = bench(args)
     text = json.dumps(res, indent=2)
     print(text)

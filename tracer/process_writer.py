@@ -115,7 +115,8 @@ def step_from_raw(raw: dict[str, Any]) -> Step:
                          accepted_tokens=tuple(int(t) for t in p.tuple_cols["accepted_tokens"][i]),
                          accept_length=int(p.int_cols["accept_length"][i])).to_dict()
             for i in range(p.num_requests)]  # fmt: skip
-    arrays = [ArraySnapshot(name, dtype, tuple(shape), int(ptr), values) for name, dtype, shape, ptr, values in p.arrays]
+    arrays = [ArraySnapshot(name, dtype, tuple(shape), int(ptr), values)
+              for name, dtype, shape, ptr, values in p.arrays]
     spans = [StreamSpan(*s).to_dict() for s in p.spans]
     waits = [StreamWait(*w).to_dict() for w in p.waits]
     return step_from_parts(p.header, reqs, arrays, spans, p.violations, waits, p.errors, p.faults_fired)
@@ -138,8 +139,8 @@ def unpack(flat: np.ndarray, layout: list[tuple[str, str, tuple[int, ...], int]]
 
 def raw_from_step(step: Step) -> dict[str, Any]:
     """The compact form of a schema Step (inverse of `step_from_raw`)."""
-    cols: dict[str, Any] = {c: np.array([getattr(r, c) for r in step.requests], dtype=np.int64)
-                            for c in REQUEST_INT_COLUMNS}
+    # Lists, as the recorder sends them (numpy arrays would cost an unpickle each in the child).
+    cols: dict[str, Any] = {c: [getattr(r, c) for r in step.requests] for c in REQUEST_INT_COLUMNS}
     for c in REQUEST_LIST_COLUMNS:
         cols[c] = [list(getattr(r, c)) for r in step.requests]
     return dict(header=step.header_dict(), requests=cols,

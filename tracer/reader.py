@@ -430,7 +430,7 @@ class TraceReader(QueryMixin):
         conds: list[str] = []
         params: list[Any] = []
         f = filter
-        driver: tuple[str, list[Any]] | None = None  # a selective table that lists candidate steps in order
+        driver: Any = None  # a selective table that lists candidate steps in order
         slow_request: int | None = None
         if f is not None:
             for col, val in (("mode", f.mode), ("model", f.model), ("graph", f.graph), ("iteration", f.iteration)):
@@ -438,20 +438,21 @@ class TraceReader(QueryMixin):
                     conds.append(f"s.{col} = ?")
                     params.append(val)
             subs: list[tuple[str, list[Any]]] = []
-            if f.request_id is not None:
-                if self.major >= 2:
-                    subs.append(("step_requests WHERE request_id = ?", [int(f.request_id)]))
-                else:
-                    slow_request = int(f.request_id)
+            if f.request_id is not None and self.major < 2:
+                slow_request = int(f.request_id)
             if f.check_id is not None:
                 subs.append(("violations WHERE check_id = ?", [str(f.check_id)]))
             if f.severity is not None:
                 subs.append(("violations WHERE severity = ?", [Severity(f.severity).value]))
             if f.has_violation:
                 subs.append(("violations WHERE 1", []))
+            if f.request_id is not None and self.major >= 2:
+                rid = int(f.request_id)
+                driver = lambda lo, hi, n: self._request_steps(rid, lo, hi, n, backward)  # noqa: E731
+            elif subs:
+                driver = self._violation_driver(*subs.pop(0), backward)
             if subs:
-                driver = subs[0]
-                for table_where, p in subs[1:]:
+                for table_where, p in subs:
                     conds.append(f"EXISTS (SELECT 1 FROM {table_where} AND step = s.idx)")
                     params.extend(p)
         cols = ", ".join(f"s.{c}" for c in tables.HEADER_COLUMNS)
@@ -464,16 +465,15 @@ class TraceReader(QueryMixin):
         while lo < hi:
             with self._guard(f"reading step summaries from {lo}"):
                 if driver is not None:
-                    table_where, p = driver
-                    cand = [r[0] for r in self._conn.execute(
-                        f"SELECT DISTINCT step FROM {table_where} AND step >= ? AND step < ? ORDER BY step {order}"
-                        f" LIMIT {page}", [*p, lo, hi])]  # fmt: skip
-                    if not cand:
+                    cand, scanned, more = driver(lo, hi, page)
+                    if scanned is None:
                         return
-                    marks = ", ".join("?" * len(cand))
-                    rows = self._conn.execute(f"{select}s.idx IN ({marks}){extra} ORDER BY s.idx {order}",
-                                              [*cand, *params]).fetchall()
-                    last, more = int(cand[-1]), len(cand) == page
+                    rows = []
+                    if cand:
+                        marks = ", ".join("?" * len(cand))
+                        rows = self._conn.execute(f"{select}s.idx IN ({marks}){extra} ORDER BY s.idx {order}",
+                                                  [*cand, *params]).fetchall()
+                    last = scanned
                 else:
                     rows = self._conn.execute(f"{select}s.idx >= ? AND s.idx < ?{extra} ORDER BY s.idx {order}"
                                               f" LIMIT {page}", [lo, hi, *params]).fetchall()
@@ -490,6 +490,51 @@ class TraceReader(QueryMixin):
                 hi = last
             else:
                 lo = last + 1
+
+    def _violation_driver(self, table_where: str, p: list[Any], backward: bool) -> Any:
+        order = "DESC" if backward else "ASC"
+
+        def driver(lo: int, hi: int, n: int) -> tuple[list[int], int | None, bool]:
+            cand = [int(r[0]) for r in self._conn.execute(
+                f"SELECT DISTINCT step FROM {table_where} AND step >= ? AND step < ? ORDER BY step {order} LIMIT ?",
+                [*p, lo, hi, n])]  # fmt: skip
+            return cand, (cand[-1] if cand else None), len(cand) == n
+
+        return driver
+
+    def _request_life(self, rid: int) -> tuple[int, int] | None:
+        r = self._conn.execute("SELECT first_step, last_step FROM request_life WHERE request_id = ?",
+                               (rid,)).fetchone()
+        return None if r is None else (int(r[0]), int(r[1]))
+
+    @staticmethod
+    def _id_match(rid: int) -> tuple[str, list[bytes]]:
+        # step_requests.request_ids holds raw little-endian ids (4 or 8 bytes each); instr() finds candidates
+        # in SQLite without decoding, and the caller drops misaligned matches.
+        if -(2**31) <= rid < 2**31:
+            return ("((id_bytes = 4 AND instr(request_ids, ?) > 0) OR (id_bytes = 8 AND instr(request_ids, ?) > 0))",
+                    [struct.pack("<i", rid), struct.pack("<q", rid)])
+        return "(id_bytes = 8 AND instr(request_ids, ?) > 0)", [struct.pack("<q", rid)]
+
+    @staticmethod
+    def _rows_of(rid: int, id_bytes: int, ids: bytes) -> np.ndarray:
+        return np.flatnonzero(np.frombuffer(ids, "<i4" if id_bytes == 4 else "<i8") == rid)
+
+    def _request_steps(self, rid: int, lo: int, hi: int, n: int, backward: bool) -> tuple[list[int], int | None, bool]:
+        life = self._request_life(rid)
+        if life is None:
+            return [], None, False
+        lo, hi = max(lo, life[0]), min(hi, life[1] + 1)
+        if lo >= hi:
+            return [], None, False
+        match, needles = self._id_match(rid)
+        rows = self._conn.execute(
+            f"SELECT step, id_bytes, request_ids FROM step_requests WHERE step >= ? AND step < ? AND {match}"
+            f" ORDER BY step {'DESC' if backward else 'ASC'} LIMIT ?", [lo, hi, *needles, n]).fetchall()
+        if not rows:
+            return [], None, False
+        cand = [int(st) for st, w, ids in rows if len(self._rows_of(rid, w, ids))]
+        return cand, int(rows[-1][0]), len(rows) == n
 
     @staticmethod
     def _summary_from_row(r: tuple[Any, ...]) -> StepSummary:
@@ -556,13 +601,25 @@ class TraceReader(QueryMixin):
                         out.append(RequestRow(st.index, st.iteration, st.mode, st.model, r.request_id, r.slot,
                                               r.seq_len_before, r.seq_len_after, r.num_q_tokens, r.accept_length))
             return out
-        sql = ("SELECT r.step, s.iteration, s.mode, s.model, r.request_id, r.slot, r.seq_len_before, r.seq_len_after,"
-               " r.num_q_tokens, r.accept_length FROM step_requests r JOIN steps s ON s.idx = r.step"
-               " WHERE r.request_id = ? ORDER BY r.step, r.row")
-        with self._guard(f"reading the history of request {request_id}"):
-            rows = self._conn.execute(sql, (int(request_id),)).fetchall()
-            return [RequestRow(int(a), int(it), ForwardMode(md), str(m), int(rid), int(sl), int(b), int(af), int(q),
-                               int(acc)) for a, it, md, m, rid, sl, b, af, q, acc in rows]  # fmt: skip
+        rid = int(request_id)
+        out = []
+        with self._guard(f"reading the history of request {rid}"):
+            life = self._request_life(rid)
+            if life is None:
+                return []
+            match, needles = self._id_match(rid)
+            sql = ("SELECT r.step, s.iteration, s.mode, s.model, r.num_requests, r.id_bytes, r.request_ids, r.data"
+                   f" FROM step_requests r JOIN steps s ON s.idx = r.step WHERE r.step >= ? AND r.step <= ? AND {match}"
+                   " ORDER BY r.step")
+            for st, it, md, m, n, w, ids, data in self._conn.execute(sql, [life[0], life[1], *needles]).fetchall():
+                js = self._rows_of(rid, w, ids)
+                if not len(js):
+                    continue
+                cols = tables.decode_request_data(data, int(n))[:, js].T.tolist()
+                mode = ForwardMode(md)
+                for sl, b, af, q, acc in cols:
+                    out.append(RequestRow(int(st), int(it), mode, str(m), rid, sl, b, af, q, acc))
+        return out
 
     def _q_capture(self, s: StepSummary) -> int | None:
         # Served by the partial index steps_capture (schema 2): only capture rows are in it.

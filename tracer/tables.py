@@ -107,23 +107,24 @@ CREATE TABLE spans (
 ) WITHOUT ROWID;
 CREATE INDEX spans_start ON spans (start_ns);
 CREATE TABLE step_requests (
-    request_id INTEGER NOT NULL,
-    step INTEGER NOT NULL,
-    row INTEGER NOT NULL,
-    slot INTEGER NOT NULL,
-    seq_len_before INTEGER NOT NULL,
-    seq_len_after INTEGER NOT NULL,
-    num_q_tokens INTEGER NOT NULL,
-    accept_length INTEGER NOT NULL,
-    PRIMARY KEY (request_id, step, row)
-) WITHOUT ROWID;
+    step INTEGER PRIMARY KEY,
+    num_requests INTEGER NOT NULL,
+    id_bytes INTEGER NOT NULL,
+    request_ids BLOB NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE TABLE request_life (
+    request_id INTEGER PRIMARY KEY,
+    first_step INTEGER NOT NULL,
+    last_step INTEGER NOT NULL
+);
 CREATE TABLE fault_firings (fault TEXT NOT NULL, step INTEGER NOT NULL, PRIMARY KEY (fault, step)) WITHOUT ROWID;
 CREATE TABLE zdicts (id INTEGER PRIMARY KEY, data BLOB NOT NULL);
 CREATE INDEX steps_capture ON steps (model, mode, padded_batch_size, step_id, idx) WHERE graph = 'capture';
 """
 
 REQUIRED_TABLES_V1 = ("meta", "run", "steps", "step_bodies", "blobs", "requests", "violations")
-REQUIRED_TABLES = REQUIRED_TABLES_V1 + ("spans", "step_requests", "fault_firings", "zdicts")
+REQUIRED_TABLES = REQUIRED_TABLES_V1 + ("spans", "step_requests", "request_life", "fault_firings", "zdicts")
 
 # Header columns in `steps`, in the order the reader selects them; `idx` is Step.index.
 HEADER_COLUMNS = (
@@ -140,8 +141,11 @@ INSERT_VIOLATION = (
 )
 INSERT_SPAN = "INSERT INTO spans (step, seq, stream, name, start_ns, end_ns) VALUES (?, ?, ?, ?, ?, ?)"
 INSERT_STEP_REQUEST = (
-    "INSERT INTO step_requests (request_id, step, row, slot, seq_len_before, seq_len_after, num_q_tokens,"
-    " accept_length) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO step_requests (step, num_requests, id_bytes, request_ids, data) VALUES (?, ?, ?, ?, ?)"
+)
+UPSERT_REQUEST_LIFE = (
+    "INSERT INTO request_life (request_id, first_step, last_step) VALUES (?, ?, ?) ON CONFLICT (request_id)"
+    " DO UPDATE SET first_step = min(first_step, excluded.first_step), last_step = max(last_step, excluded.last_step)"
 )
 INSERT_FAULT = "INSERT OR IGNORE INTO fault_firings (fault, step) VALUES (?, ?)"
 UPSERT_REQUEST = (
@@ -158,8 +162,10 @@ REQUEST_FIELDS = tuple(f.name for f in _FIELDS)
 REQUEST_INT_FIELDS = tuple(f.name for f in _FIELDS if f.type == "int")
 REQUEST_TUPLE_FIELDS = tuple(f.name for f in _FIELDS if f.type == "tuple[int, ...]")
 REQUEST_JSON_FIELDS = tuple(n for n in REQUEST_FIELDS if n not in REQUEST_INT_FIELDS + REQUEST_TUPLE_FIELDS)
-# The step_requests columns after (request_id, step, row), all RequestState int fields.
+# The rows of `step_requests.data` (an int array [5, n]; the batch row is the column), RequestState int fields.
 STEP_REQUEST_FIELDS = ("slot", "seq_len_before", "seq_len_after", "num_q_tokens", "accept_length")
+_REQ_DATA_LEVEL = 1
+_req_zc = zstandard.ZstdCompressor(level=_REQ_DATA_LEVEL)
 ARRAY_FIELDS = ("name", "dtype", "shape", "data_ptr", "ref")
 SPAN_FIELDS = tuple(f.name for f in dataclasses.fields(StreamSpan))
 WAIT_FIELDS = tuple(f.name for f in dataclasses.fields(StreamWait))
@@ -170,6 +176,8 @@ BODY_VERSIONS = (1, 2)
 _request_row = operator.attrgetter(*REQUEST_FIELDS)
 _span_row = operator.attrgetter(*SPAN_FIELDS)
 _I32 = np.iinfo(np.int32)
+_I_RID = REQUEST_INT_FIELDS.index("request_id")
+_I_DATA = [REQUEST_INT_FIELDS.index(f) for f in STEP_REQUEST_FIELDS]
 
 
 def meta_rows() -> list[tuple[str, str]]:
@@ -271,7 +279,8 @@ class EncodedStep:
     index: int
     row: tuple[Any, ...]  # the `steps` row
     container: bytes  # the body before compression
-    request_rows: list[tuple[Any, ...]]
+    request_row: tuple[Any, ...] | None  # the `step_requests` row (None without requests)
+    request_ids: list[int]
     span_rows: list[tuple[Any, ...]]
     fault_rows: list[tuple[str, int]]
     violations: list[dict[str, Any]]  # attached by the recorder (v2 engines attach none)
@@ -328,14 +337,10 @@ def encode_parts(p: StepParts, blob_ref: Callable[[str, np.ndarray], str]) -> En
     js = dumps(body).encode()
     container = b"".join([BODY_MAGIC, struct.pack("<BI", BODY_VERSION, len(js)), js, *inline.parts])
     mode = ForwardMode(h["mode"])
-    accept = p.int_cols.get("accept_length", ())
     hist = None
     drafted = 0
     if mode == ForwardMode.TARGET_VERIFY and n:
-        counts = [0] * (max(max(accept), 0) + 1)
-        for length in accept:
-            counts[max(length, 0)] += 1
-        hist = dumps(counts)
+        hist = dumps(np.bincount(np.maximum(table[REQUEST_INT_FIELDS.index("accept_length")], 0)).tolist())
         drafted = sum(lens[REQUEST_TUPLE_FIELDS.index("draft_tokens")])
     elif mode == ForwardMode.TARGET_VERIFY:
         hist = "[]"
@@ -347,15 +352,19 @@ def encode_parts(p: StepParts, blob_ref: Callable[[str, np.ndarray], str]) -> En
         int(h["end_ns"]), dumps({str(k): int(v) for k, v in h.get("scalars", {}).items()}),
         int(sum(p.int_cols.get("num_q_tokens", ()))) if n else 0, drafted, hist,
     )  # fmt: skip
-    # The table's rows as Python ints (sqlite3 takes no numpy scalars): one tolist() for all of them.
-    tl = table.tolist()
-    col = {f: tl[k] for k, f in enumerate(REQUEST_INT_FIELDS)}
-    req_rows = list(zip(col["request_id"], itertools.repeat(idx), range(n),
-                        *(col[f] for f in STEP_REQUEST_FIELDS), strict=False))  # fmt: skip
+    req_row = None
+    ids: list[int] = []
+    if n:
+        rid = table[_I_RID]
+        ids = rid.tolist()
+        # Raw little-endian ids, so SQLite's instr() finds a request's steps without decoding anything.
+        raw_ids = rid.astype("<i4" if table.dtype == np.int32 else "<i8").tobytes()
+        data = _req_zc.compress(codec.encode(np.ascontiguousarray(table[_I_DATA]), compress=False))
+        req_row = (idx, n, 4 if table.dtype == np.int32 else 8, raw_ids, data)
     span_rows = [(idx, k, str(s[0]), str(s[1]), int(s[2]), int(s[3])) for k, s in enumerate(p.spans)]
     max_span = max((r[5] - r[4] for r in span_rows), default=0)
     faults = [(f, idx) for f in dict.fromkeys(p.faults_fired)]
-    return EncodedStep(idx, row, container, req_rows, span_rows, faults, list(p.violations), max_span)
+    return EncodedStep(idx, row, container, req_row, ids, span_rows, faults, list(p.violations), max_span)
 
 
 def encode_step(step: Step, blob_ref: Callable[[str, np.ndarray], str]) -> tuple[tuple[Any, ...], bytes]:
@@ -517,6 +526,14 @@ def step_from_row(
         list(j.get("errors", [])), [str(f) for f in j.get("faults_fired", [])],
     )  # fmt: skip
     return dataclasses.replace(step, requests=tuple(body.requests()))
+
+
+def decode_request_data(data: bytes, n: int) -> np.ndarray:
+    """The [5, n] int array of a `step_requests.data` value (rows: STEP_REQUEST_FIELDS)."""
+    arr = codec.decode(_PLAIN.decompress(data, max_output_size=MAX_BODY_BYTES))
+    if arr.shape != (len(STEP_REQUEST_FIELDS), n):
+        raise ValueError("step_requests data does not match its request count")
+    return arr
 
 
 def violation_row(v: Violation, source: str) -> tuple[Any, ...]:

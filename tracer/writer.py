@@ -365,11 +365,22 @@ class TraceWriter:
         conn = self._conn
         conn.execute("BEGIN")
         try:
+            life: dict[int, list[int]] = {}  # request id -> [first, last] step in this transaction
             for op in ops:
                 if op.kind == "step":
                     self._insert_step(op)
+                    i = op.step.index  # type: ignore[union-attr]
+                    for rid in op.step.request_ids:  # type: ignore[union-attr]
+                        span = life.get(rid)
+                        if span is None:
+                            life[rid] = [i, i]
+                        else:
+                            span[1] = i
                 else:
                     conn.executemany(op.sql, op.rows or [])
+            if life:
+                # One row per request per transaction, not per step: a backlog of 64 steps costs ~100 upserts.
+                conn.executemany(tables.UPSERT_REQUEST_LIFE, [(r, a, b) for r, (a, b) in life.items()])
             conn.execute("COMMIT")
         except BaseException as e:
             if conn.in_transaction:
@@ -388,8 +399,8 @@ class TraceWriter:
             conn.executemany("INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)", op.blobs)
         conn.execute(tables.INSERT_STEP, e.row)
         conn.execute("INSERT INTO step_bodies (idx, body) VALUES (?, ?)", (e.index, op.body))
-        if e.request_rows:
-            conn.executemany(tables.INSERT_STEP_REQUEST, e.request_rows)
+        if e.request_row is not None:
+            conn.execute(tables.INSERT_STEP_REQUEST, e.request_row)
         if e.span_rows:
             conn.executemany(tables.INSERT_SPAN, e.span_rows)
         if e.fault_rows:
