@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 # The order `specscope --help` lists them in. Planned: "run", "demo", "check", "tui", "web", "export".
-SUBCOMMANDS: list[str] = ["demo", "run", "check", "info", "export", "replay", "diff", "tui", "upgrade"]
+SUBCOMMANDS: list[str] = ["demo", "run", "check", "info", "export", "replay", "diff", "tui", "web"]
 
 EXIT_OK = 0
 EXIT_UNREADABLE = 2  # also argparse's usage-error code

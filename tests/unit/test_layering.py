@@ -37,6 +37,7 @@ def test_ui_and_tracer_never_import_torch() -> None:
         "specscope.ui.cli", "specscope.ui.cmd_info", "specscope.tracer.schema", "specscope.tracer.store",
         "specscope.tracer.summary", "specscope.tracer.codec", "specscope.tracer.errors",
         "specscope.tracer.reader", "specscope.tracer.writer", "specscope.tracer.tables",
+        "specscope.ui.web", "specscope.ui.web.app", "specscope.ui.web.pages", "specscope.ui.cmd_web",
     }  # fmt: skip
     assert required <= set(out["imported"]), out
     assert out["heavy"] == [], f"torch-free modules imported {out['heavy']}: {out['imported']}"

@@ -1,0 +1,308 @@
+"""The dashboard app factory: `create_app(trace, compare=None)` opens the named traces and wires the callbacks.
+
+Callbacks only validate their inputs and call the page / figure / view-model functions; anything that goes
+wrong inside one becomes a one-line message on the page (and on stderr), never a traceback in the browser.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import dash
+from dash import Dash, Input, Output, State, dcc, html, no_update
+from specscope.tracer.errors import TraceError
+from specscope.ui import views
+
+from . import figures, pages
+from .routes import InputError, RouteError, parse_route, step_href
+from .source import TraceSource
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# Dash serves its assets folder from disk; point it at a folder that does not exist, so no request path is ever
+# joined to a directory of ours. The page's CSS and key handling are inline in the index page below.
+_NO_ASSETS = os.path.join(_HERE, "_no_assets_")
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
+header{display:flex;gap:18px;align-items:center;padding:8px 16px;background:#263238;color:#fff}
+header a{color:#cfd8dc;text-decoration:none;font-weight:600} header a:hover{color:#fff}
+header .title{font-weight:700;margin-right:12px} #live-status{margin-left:auto;font-size:13px;color:#b0bec5}
+main{padding:8px 16px} h2{margin:8px 0} h3{margin:12px 0 6px;font-size:15px}
+.muted{color:#777;font-size:13px} .tbl{border-collapse:collapse;font-size:13px;margin:4px 0}
+.tbl th,.tbl td{border:1px solid #ddd;padding:2px 6px;text-align:left;font-variant-numeric:tabular-nums}
+.tbl thead th{background:#eceff1} .tbl.kv th{background:#f5f5f5;font-weight:600} tr.hl td{background:#fff59d}
+.row{display:flex;gap:24px;flex-wrap:wrap} .col{flex:1;min-width:320px} .col.narrow{flex:0 0 340px}
+.row2{display:grid;grid-template-columns:1fr 1fr;gap:12px}
+.btn{display:inline-block;padding:3px 10px;border:1px solid #90a4ae;border-radius:4px;background:#fff;
+ text-decoration:none;color:#263238;margin-right:6px} .btn.disabled{opacity:.4;pointer-events:none}
+.step-nav{display:flex;gap:12px;align-items:center;margin:6px 0} .step-label{font-weight:600}
+.banner{background:#ffe0b2;border-left:4px solid #e65100;padding:6px 10px;margin:6px 0}
+.legend{display:flex;flex-wrap:wrap;gap:6px;font-size:12px;margin:4px 0}
+.chip{padding:1px 6px;border-radius:3px;border:1px solid #ccc}
+.chain{margin:2px 0;font-family:ui-monospace,monospace;font-size:13px} .chain.hl{background:#fff59d}
+.chain-label{display:inline-block;width:44px;font-weight:600}
+.tok{display:inline-block;padding:0 4px;margin:0 2px;border-radius:3px;border:1px solid #ccc;white-space:pre}
+.tok.root{background:#eceff1} .tok.acc{background:#c8e6c9} .tok.rej{background:#ffcdd2;text-decoration:line-through}
+.tok.bonus{background:#bbdefb} .cell-detail{margin:4px 0;font-size:13px}
+.error-panel{padding:16px;border:1px solid #e57373;background:#ffebee;margin:16px 0}
+.slider{margin:4px 24px 12px} .viol-group summary{cursor:pointer;font-weight:600;margin:6px 0}
+.viol-group li{font-size:13px;margin:2px 0}
+"""
+
+# Arrow keys step through the explorer by clicking its prev / next links (ignored while typing in a field).
+KEYS_JS = """
+document.addEventListener('keydown', function (e) {
+  var t = e.target; if (t && (t.tagName === 'INPUT' || t.tagName === 'TEXTAREA' || t.isContentEditable)) return;
+  if (e.altKey || e.ctrlKey || e.metaKey) return;
+  var id = e.key === 'ArrowLeft' || e.key === '[' ? 'step-prev' : (e.key === 'ArrowRight' || e.key === ']' ?
+           'step-next' : null);
+  if (!id) return; var a = document.getElementById(id);
+  if (a && !a.classList.contains('disabled')) { e.preventDefault(); a.click(); }
+});
+"""
+
+INDEX = """<!DOCTYPE html>
+<html><head>{%metas%}<title>{%title%}</title>{%favicon%}{%css%}<style>""" + CSS + """</style></head>
+<body>{%app_entry%}<footer>{%config%}{%scripts%}{%renderer%}</footer>
+<script>""" + KEYS_JS + """</script></body></html>"""
+
+
+def _log(message: str) -> None:
+    print(f"specscope web: {' '.join(message.split())}", file=sys.stderr)
+
+
+def _safe(fallback: Callable[[str], Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Turn any exception in a callback into `fallback(message)` (one line, no traceback to the browser)."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def inner(*args: Any) -> Any:
+            try:
+                return fn(*args)
+            except dash.exceptions.PreventUpdate:
+                raise
+            except (RouteError, InputError, TraceError) as e:
+                return fallback(str(e))
+            except Exception as e:  # noqa: BLE001 - a page must never show a traceback
+                _log(f"{fn.__name__}: {type(e).__name__}: {e}")
+                return fallback(f"internal error ({type(e).__name__}: {e})")
+
+        return inner
+
+    return wrap
+
+
+def _int(x: object, name: str, lo: int = 0, hi: int = 10**9) -> int:
+    """A callback input that must be an integer in [lo, hi]."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or x != int(x) or not lo <= int(x) <= hi:
+        raise InputError(f"{name} must be an integer in [{lo}, {hi}], not {str(x)[:40]!r}")
+    return int(x)
+
+
+def _clicked_step(click: object) -> int:
+    """The step index in a Plotly clickData (customdata[0] of the first point)."""
+    if not isinstance(click, dict) or not isinstance(click.get("points"), list) or not click["points"]:
+        raise InputError("malformed click")
+    p = click["points"][0]
+    cd = p.get("customdata") if isinstance(p, dict) else None
+    if isinstance(cd, list) and cd:
+        return _int(cd[0], "step")
+    return _int(p.get("x") if isinstance(p, dict) else None, "step")
+
+
+class Dashboard:
+    """The opened traces and the caches the callbacks share."""
+
+    def __init__(self, trace: str, compare_with: str | None = None) -> None:
+        self.sources: dict[str, TraceSource] = {"a": TraceSource(trace, "a")}
+        if compare_with is not None:
+            self.sources["b"] = TraceSource(compare_with, "b")
+        self.version = 0
+        self._lock = threading.Lock()
+        self._divergence: tuple[tuple[int, int], Any] | None = None
+
+    def refresh(self) -> bool:
+        """Load the steps live traces gained; True when any did."""
+        grew = False
+        for s in self.sources.values():
+            grew = s.refresh() or grew
+        if grew:
+            self.version += 1
+        return grew
+
+    def any_live(self) -> bool:
+        """True while any trace is still being written."""
+        return any(s.is_live() for s in self.sources.values())
+
+    def source(self, key: str) -> TraceSource:
+        """The trace with this key (only the ones named on the command line exist)."""
+        if key not in self.sources:
+            raise RouteError(f"no trace {key!r}")
+        return self.sources[key]
+
+    def divergence(self) -> Any:
+        """The A/B `tracer.diff.DiffReport` (cached per pair of trace lengths)."""
+        from specscope.tracer.diff import diff_traces
+
+        a, b = self.sources["a"], self.sources["b"]
+        key = (a.num_steps(), b.num_steps())
+        with self._lock:
+            if self._divergence is None or self._divergence[0] != key:
+                with a.locked(), b.locked():
+                    rep = diff_traces(a.reader, b.reader, max_steps=pages.MAX_COMPARE_STEPS)
+                self._divergence = (key, rep)
+            return self._divergence[1]
+
+    def page(self, pathname: object, search: object) -> Any:
+        """The components of the page at this address."""
+        r = parse_route(pathname, search, tuple(self.sources))
+        src = self.source(r.trace)
+        if r.page == "step":
+            n = src.num_steps()
+            if r.step is None or r.step >= n:
+                raise RouteError(f"no step {r.step}: the trace has {n} steps (0–{n - 1})")
+            return pages.step_page(src, r.step, r.params)
+        if r.page == "acceptance":
+            return pages.acceptance_page(self.sources)
+        if r.page == "violations":
+            return pages.violations_page(src, src.violation_state())
+        if r.page == "compare":
+            if "b" not in self.sources:
+                return pages.compare_page(src, None, None)
+            return pages.compare_page(self.sources["a"], self.sources["b"], self.divergence())
+        return pages.timeline_page(src)
+
+
+def _nav(d: Dashboard) -> html.Header:
+    links = [dcc.Link("Timeline", href="/", id="nav-timeline"), dcc.Link("Acceptance", href="/acceptance",
+             id="nav-acceptance"), dcc.Link("Violations", href="/violations", id="nav-violations")]
+    if "b" in d.sources:
+        links.append(dcc.Link("Compare", href="/compare", id="nav-compare"))
+    a = d.sources["a"]
+    return html.Header([html.Span("specscope", className="title"), *links,
+                        dcc.Link(f"step 0 of {os.path.basename(a.path)}", href=step_href(0), id="nav-step"),
+                        html.Span(_live_text(d), id="live-status")])
+
+
+def _live_text(d: Dashboard) -> str:
+    parts = [f"{k.upper()}: {s.num_steps()} steps{' (live)' if s.is_live() else ''}" for k, s in d.sources.items()]
+    return " · ".join(parts)
+
+
+def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms: int = 1000) -> Dash:
+    """A Dash app that serves `trace` (and `compare_with` for the Compare page) and nothing else.
+
+    Raises TraceError when a trace cannot be read."""
+    d = Dashboard(trace, compare_with)
+    app = Dash(
+        "specscope.ui.web", title="specscope", assets_folder=_NO_ASSETS, include_assets_files=False,
+        suppress_callback_exceptions=True, index_string=INDEX, update_title=None, serve_locally=True,
+        enable_mcp=False, use_pages=False,
+    )  # fmt: skip
+    app.layout = html.Div([
+        dcc.Location(id="url", refresh=False),
+        dcc.Interval(id="live", interval=live_interval_ms, disabled=not d.any_live()),
+        dcc.Store(id="version", data=d.version),
+        _nav(d),
+        html.Main(html.Div(id="page")),
+    ])
+    app.dashboard = d  # type: ignore[attr-defined]
+    app.server.register_error_handler(Exception, _http_error)
+    _register(app, d)
+    return app
+
+
+def _http_error(e: Exception) -> Any:
+    """Flask's last word on a request that failed: a short text reply, one line on stderr, no traceback."""
+    from flask import request
+    from werkzeug.exceptions import HTTPException
+
+    if isinstance(e, HTTPException):
+        return e
+    if isinstance(e, dash.exceptions.DependencyException):  # a script path Dash does not serve
+        return "not found\n", 404, {"Content-Type": "text/plain"}
+    _log(f"{request.method} {request.path[:80]}: {type(e).__name__}: {str(e)[:200]}")
+    return "specscope web: the request failed (see the server's stderr)\n", 500, {"Content-Type": "text/plain"}
+
+
+def _register(app: Dash, d: Dashboard) -> None:
+    @app.callback(Output("page", "children"), Input("url", "pathname"), Input("url", "search"),
+                  Input("version", "data"))
+    @_safe(pages.error_panel)
+    def render(pathname: object, search: object, _version: object) -> Any:
+        trig = dash.ctx.triggered_id
+        if trig == "version" and isinstance(pathname, str) and pathname.startswith("/step/"):
+            raise dash.exceptions.PreventUpdate  # a growing trace does not change a step already shown
+        return d.page(pathname, search)
+
+    @app.callback(Output("version", "data"), Output("live-status", "children"), Output("live", "disabled"),
+                  Input("live", "n_intervals"), prevent_initial_call=True)
+    def poll(_n: object) -> Any:
+        try:
+            grew = d.refresh()
+        except TraceError as e:
+            return no_update, f"cannot read the trace: {e}", True
+        return (d.version if grew else no_update), _live_text(d), not d.any_live()
+
+    @app.callback(Output("tl-gantt", "figure"), Output("tl-overlap", "figure"), Output("tl-overview", "figure"),
+                  Output("tl-stats", "children"), Output("tl-gaps", "children"), Input("tl-range", "value"),
+                  prevent_initial_call=True)
+    @_safe(lambda m: (figures.empty_figure(m),) * 3 + (pages.error_panel(m), ""))
+    def window(value: object) -> Any:
+        if not isinstance(value, list) or len(value) != 2:
+            raise InputError("the step range must be two step indexes")
+        src = d.source("a")
+        n = src.num_steps()
+        lo, hi = _int(value[0], "range start", 0, n), _int(value[1], "range end", 0, n)
+        w = pages.timeline_window(src, min(lo, hi), max(lo, hi) + 1)
+        return w["gantt"], w["overlap"], w["overview"], w["stats"], w["gaps"]
+
+    @app.callback(Output("tl-range", "value"), Input("tl-overview", "clickData"), State("tl-range", "value"),
+                  prevent_initial_call=True)
+    @_safe(lambda m: no_update)
+    def recentre(click: object, value: object) -> Any:
+        n = d.source("a").num_steps()
+        x = _clicked_step({"points": [{"x": round(click["points"][0]["x"])}]} if isinstance(click, dict)  # type: ignore[index]
+                          and click.get("points") else click)
+        width = 100
+        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+            width = max(1, min(pages.MAX_WINDOW, value[1] - value[0] + 1))
+        lo = max(0, min(x - width // 2, n - width))
+        return [lo, min(n - 1, lo + width - 1)]
+
+    @app.callback(Output("url", "pathname"), Output("url", "search"), Input("tl-gantt", "clickData"),
+                  Input("tl-overlap", "clickData"), prevent_initial_call=True)
+    @_safe(lambda m: (no_update, no_update))
+    def open_step(gantt: object, overlap: object) -> Any:
+        click = gantt if dash.ctx.triggered_id == "tl-gantt" else overlap
+        i = _clicked_step(click)
+        if i >= d.source("a").num_steps():
+            raise InputError(f"no step {i}")
+        return f"/step/{i}", ""
+
+    @app.callback(Output("step-cell", "children"), Input("step-heatmap", "clickData"), State("step-index", "data"),
+                  prevent_initial_call=True)
+    @_safe(lambda m: html.Div(m, className="cell-detail"))
+    def cell(click: object, where: object) -> Any:
+        if not isinstance(where, dict):
+            raise InputError("malformed step reference")
+        src = d.source(str(where.get("trace")))
+        i = _int(where.get("step"), "step", 0, max(0, src.num_steps() - 1))
+        if not isinstance(click, dict) or not isinstance(click.get("points"), list) or not click["points"]:
+            raise InputError("malformed click")
+        p = click["points"][0]
+        row, col = _int(p.get("y"), "row"), _int(p.get("x"), "column")
+        return pages.cell_detail(views.page_grid(src.step(i)), row, col)
+
+    @app.callback(Output("viol-body", "children"), Output("viol-poll", "disabled"), Input("viol-poll", "n_intervals"),
+                  prevent_initial_call=True)
+    @_safe(lambda m: (pages.error_panel(m), True))
+    def check_more(_n: object) -> Any:
+        src = d.source("a")
+        st = src.violation_state()
+        return pages.violations_body(src, st), st.checked_steps >= st.num_steps

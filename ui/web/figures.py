@@ -1,0 +1,233 @@
+"""Plotly figures of the dashboard: pure functions from view models (models.py, ui/views.py) to `go.Figure`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+from specscope.tracer.schema import SpanRow
+from specscope.ui.views import KIND_TEXT, SYMBOLS, AcceptanceStats, CellKind, PageGrid, bin_columns
+
+from .models import GroupRow, Series, StepStreams
+
+MODE_COLORS = {
+    "EXTEND": "#8c564b", "DECODE": "#7f7f7f", "DRAFT_DECODE": "#1f77b4", "TARGET_VERIFY": "#d62728",
+    "DRAFT_EXTEND": "#2ca02c",
+}  # fmt: skip
+KIND_COLORS = {
+    CellKind.OUT_OF_RANGE: "#7b0000", CellKind.STALE: "#e6550d", CellKind.SHARED: "#9467bd",
+    CellKind.PADDED: "#bdbdbd", CellKind.FRESH: "#31a354", CellKind.OK: "#9ecae1", CellKind.UNREAD: "#f0f0f0",
+}  # fmt: skip
+KINDS = list(CellKind)
+LANES = ["host", "plan", "compute"]
+MAX_HEATMAP_COLS = 256  # wider page tables are shown binned (views.bin_columns keeps the most notable kind)
+
+
+def _layout(fig: go.Figure, title: str, height: int = 320, **kw: object) -> go.Figure:
+    kw.setdefault("margin", {"l": 60, "r": 20, "t": 40, "b": 40})
+    fig.update_layout(title={"text": title, "x": 0.01, "font": {"size": 14}}, height=height,
+                      template="plotly_white", legend={"orientation": "h", "y": -0.2}, **kw)
+    return fig
+
+
+def empty_figure(message: str, height: int = 200) -> go.Figure:
+    """A blank figure that says why it is blank."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, "", height)
+
+
+# -- timeline ------------------------------------------------------------------------------------------------
+
+
+def overview_figure(durations: dict[str, Series], window: tuple[int, int] | None = None) -> go.Figure:
+    """Host time per step over the whole trace, one colour per mode; binned series show mean with a min–max
+    band. The selected step window is shaded."""
+    fig = go.Figure()
+    binned = any(s.binned for s in durations.values())
+    for mode, s in durations.items():
+        color = MODE_COLORS.get(mode, "#333")
+        if s.binned:
+            fig.add_trace(go.Scatter(x=s.x, y=s.y_max, mode="lines", line={"width": 0, "color": color},
+                                     showlegend=False, hoverinfo="skip", legendgroup=mode))
+            fig.add_trace(go.Scatter(x=s.x, y=s.y_min, mode="lines", line={"width": 0, "color": color},
+                                     fill="tonexty", opacity=0.3, showlegend=False, hoverinfo="skip",
+                                     legendgroup=mode))
+            fig.add_trace(go.Scatter(x=s.x, y=s.y, mode="lines", name=mode, line={"color": color, "width": 1},
+                                     customdata=list(zip(s.y_min, s.y_max, s.count, strict=True)), legendgroup=mode,
+                                     hovertemplate=f"{mode}<br>step ≈ %{{x:.0f}}<br>mean %{{y:.1f}} µs"
+                                                   "<br>min %{customdata[0]:.1f} · max %{customdata[1]:.1f}"
+                                                   "<br>%{customdata[2]} steps<extra></extra>"))
+        else:
+            fig.add_trace(go.Scatter(x=s.x, y=s.y, mode="markers", name=mode, marker={"color": color, "size": 5},
+                                     hovertemplate=f"{mode}<br>step %{{x}}<br>%{{y:.1f}} µs<extra></extra>"))
+    if window is not None:
+        fig.add_vrect(x0=window[0] - 0.5, x1=window[1] - 0.5, fillcolor="#ffd54f", opacity=0.25, line_width=0)
+    title = "Host time per step" + (" (binned: mean, min–max band)" if binned else "")
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="µs", rangemode="tozero")
+    return _layout(fig, title, 260)
+
+
+def gantt_figure(spans: Sequence[SpanRow], highlight_step: int | None = None) -> go.Figure:
+    """Gantt of plan / compute / host spans (µs from the first span), one bar per span coloured by the mode
+    of its step; clicking a bar gives its step in `customdata[0]`."""
+    if not spans:
+        return empty_figure("no stream spans recorded for these steps", 260)
+    t0 = min(s.start_ns for s in spans)
+    fig = go.Figure()
+    by_mode: dict[str, list[SpanRow]] = {}
+    for s in spans:
+        by_mode.setdefault(s.mode.value, []).append(s)
+    for mode, rows in by_mode.items():
+        fig.add_trace(go.Bar(
+            orientation="h", y=[s.stream for s in rows], x=[(s.end_ns - s.start_ns) / 1e3 for s in rows],
+            base=[(s.start_ns - t0) / 1e3 for s in rows], name=mode,
+            marker={"color": MODE_COLORS.get(mode, "#333"),
+                    "line": {"width": [2 if s.step == highlight_step else 0 for s in rows], "color": "#000"}},
+            customdata=[[s.step, s.name, s.model, (s.end_ns - s.start_ns) / 1e3] for s in rows],
+            hovertemplate="step %{customdata[0]} (%{customdata[2]} " + mode + ")<br>%{y}: %{customdata[1]}"
+                          "<br>start %{base:.1f} µs, %{customdata[3]:.1f} µs<extra></extra>",
+        ))  # fmt: skip
+    lanes = [lane for lane in LANES if any(s.stream == lane for s in spans)]
+    lanes += sorted({s.stream for s in spans} - set(lanes))
+    fig.update_yaxes(categoryorder="array", categoryarray=lanes)
+    fig.update_xaxes(title_text="µs from the first span in the window")
+    return _layout(fig, "Streams (click a bar to open its step)", 280, barmode="overlay", bargap=0.35)
+
+
+def overlap_figure(rows: Sequence[StepStreams]) -> go.Figure:
+    """Per step: share of plan-stream time hidden under compute, and the compute-stream idle gap before it."""
+    if not rows:
+        return empty_figure("no steps in the window", 220)
+    fig = go.Figure()
+    plan = [r for r in rows if r.plan_ns]
+    if plan:
+        fig.add_trace(go.Bar(x=[r.step for r in plan], y=[100 * (r.hidden_share or 0) for r in plan],
+                             name="plan hidden under compute (%)", marker_color="#6baed6",
+                             customdata=[[r.plan_ns / 1e3, r.plan_hidden_ns / 1e3] for r in plan],
+                             hovertemplate="step %{x}<br>%{y:.0f}% hidden<br>plan %{customdata[0]:.1f} µs, hidden "
+                                           "%{customdata[1]:.1f} µs<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[r.step for r in rows], y=[r.idle_before_ns / 1e3 for r in rows], yaxis="y2",
+                             mode="lines+markers", name="GPU idle before step (µs)", marker={"size": 4},
+                             line={"color": "#e6550d", "width": 1},
+                             hovertemplate="step %{x}<br>compute idle %{y:.1f} µs before it<extra></extra>"))
+    fig.update_layout(yaxis={"title": "% hidden", "range": [0, 105]},
+                      yaxis2={"title": "idle µs", "overlaying": "y", "side": "right", "rangemode": "tozero"})
+    fig.update_xaxes(title_text="step")
+    title = "Plan under compute per step" + ("" if plan else " (no plan-stream spans: plan stream off)")
+    return _layout(fig, title, 240)
+
+
+# -- step explorer -------------------------------------------------------------------------------------------
+
+
+def _expected_text(c: object) -> str:
+    exp, page = c.expected_page, c.page  # type: ignore[attr-defined]
+    return "" if exp is None or exp == page else f"req_to_token gives {exp}"
+
+
+def heatmap_figure(grid: PageGrid, highlight: tuple[int, int | None] | None = None) -> go.Figure:
+    """The page table, request (row) × logical page (column), coloured by cell kind with its symbol; hover
+    shows the physical page, token range and owner. `highlight` (row, col or None) is outlined."""
+    rows = len(grid.cells)
+    binned = grid.num_cols > MAX_HEATMAP_COLS
+    z, text, custom = [], [], []
+    if binned:
+        for r, bins in enumerate(bin_columns(grid, MAX_HEATMAP_COLS)):
+            z.append([KINDS.index(c.kind) for c in bins])
+            text.append([SYMBOLS[c.kind] for c in bins])
+            custom.append([[f"pages {c.col_lo}–{c.col_hi}", f"{min(c.pages)}…{max(c.pages)}", "", grid.row_labels[r],
+                            KIND_TEXT[c.kind], ""] for c in bins])
+    else:
+        for row in grid.cells:
+            z.append([KINDS.index(c.kind) for c in row])
+            text.append([f"{c.page}{SYMBOLS[c.kind].strip()}" for c in row])
+            custom.append([[
+                f"logical page {c.col}", str(c.page), f"tokens {c.token_start}–{c.token_end}",
+                "padded row" if c.owner is None else f"request {c.owner}", KIND_TEXT[c.kind],
+                _expected_text(c) + (f" shared with {', '.join(map(str, c.shared_with))}" if c.shared_with else ""),
+            ] for c in row])  # fmt: skip
+    n = len(KINDS)
+    scale = []
+    for i, k in enumerate(KINDS):
+        scale += [[i / n, KIND_COLORS[k]], [(i + 1) / n, KIND_COLORS[k]]]
+    fig = go.Figure(go.Heatmap(
+        z=z, text=text, texttemplate="%{text}" if not binned and grid.num_cols <= 48 and rows <= 64 else None,
+        customdata=custom, zmin=-0.5, zmax=n - 0.5, colorscale=scale, xgap=1, ygap=1, showscale=False,
+        y=list(range(rows)), x=list(range(len(z[0]) if z else 0)),
+        hovertemplate="row %{y} · %{customdata[0]}<br>physical page %{customdata[1]}<br>%{customdata[2]}"
+                      "<br>owner: %{customdata[3]}<br>%{customdata[4]}<br>%{customdata[5]}<extra></extra>",
+    ))  # fmt: skip
+    if highlight is not None:
+        r, c = highlight
+        x0, x1 = (-0.5, len(z[0]) - 0.5) if c is None or binned else (c - 0.5, c + 0.5)
+        fig.add_shape(type="rect", x0=x0, x1=x1, y0=r - 0.5, y1=r + 0.5, line={"color": "#000", "width": 3})
+    fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=list(range(rows)), ticktext=grid.row_labels,
+                     title_text="batch row")
+    fig.update_xaxes(title_text="logical page" + (" (binned)" if binned else ""), side="top")
+    height = max(180, min(900, 60 + 26 * rows))
+    title = f"Page table: {grid.batch_size} live rows of {rows}, {grid.num_cols} of {grid.full_cols} columns recorded"
+    return _layout(fig, title, height, margin={"l": 70, "r": 20, "t": 70, "b": 20})
+
+
+# -- acceptance ----------------------------------------------------------------------------------------------
+
+
+def by_position_figure(stats: dict[str, AcceptanceStats]) -> go.Figure:
+    """Acceptance rate by draft position, one bar group per trace."""
+    fig = go.Figure()
+    for name, s in stats.items():
+        fig.add_trace(go.Bar(x=list(range(len(s.by_position))), y=[100 * r for r in s.by_position], name=name,
+                             hovertemplate="draft token %{x}<br>%{y:.1f}% accepted<extra>" + name + "</extra>"))
+    fig.update_xaxes(title_text="draft position", dtick=1)
+    fig.update_yaxes(title_text="% of verify rows", range=[0, 100])
+    return _layout(fig, "Acceptance by draft position", 280)
+
+
+def histogram_figure(stats: dict[str, AcceptanceStats]) -> go.Figure:
+    """Accept-length histogram (share of verify rows), one bar group per trace."""
+    fig = go.Figure()
+    for name, s in stats.items():
+        total = sum(s.histogram) or 1
+        fig.add_trace(go.Bar(x=list(range(len(s.histogram))), y=[100 * c / total for c in s.histogram], name=name,
+                             customdata=s.histogram,
+                             hovertemplate="accept length %{x}<br>%{y:.1f}% (%{customdata} rows)<extra>" + name
+                                           + "</extra>"))
+    fig.update_xaxes(title_text="accept length (bonus included)", dtick=1)
+    fig.update_yaxes(title_text="% of verify rows")
+    return _layout(fig, "Accept-length histogram", 280)
+
+
+def over_time_figure(series: dict[str, Series]) -> go.Figure:
+    """Mean accept length per verify step over the trace (binned: mean with min–max band)."""
+    fig = go.Figure()
+    for name, s in series.items():
+        if s.binned:
+            fig.add_trace(go.Scatter(x=s.x, y=s.y_max, mode="lines", line={"width": 0}, showlegend=False,
+                                     hoverinfo="skip"))
+            fig.add_trace(go.Scatter(x=s.x, y=s.y_min, mode="lines", line={"width": 0}, fill="tonexty",
+                                     opacity=0.3, showlegend=False, hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=s.x, y=s.y, mode="lines" if s.binned else "lines+markers", name=name,
+                                 marker={"size": 4},
+                                 hovertemplate="step %{x:.0f}<br>mean accept length %{y:.2f}<extra>" + name
+                                               + "</extra>"))
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="mean accept length", rangemode="tozero")
+    binned = any(s.binned for s in series.values())
+    return _layout(fig, "Acceptance over time" + (" (binned)" if binned else ""), 260)
+
+
+def group_figure(rows: dict[str, Sequence[GroupRow]], title: str, xtitle: str) -> go.Figure:
+    """Mean accept length per group (batch size or request), one bar group per trace."""
+    fig = go.Figure()
+    for name, rs in rows.items():
+        fig.add_trace(go.Bar(x=[r.key for r in rs], y=[r.mean_accept_length for r in rs], name=name,
+                             customdata=[[r.steps, r.rows] for r in rs],
+                             hovertemplate=xtitle + " %{x}<br>mean accept length %{y:.2f}<br>%{customdata[0]} steps, "
+                                           "%{customdata[1]} rows<extra>" + name + "</extra>"))
+    fig.update_xaxes(title_text=xtitle, type="category")
+    fig.update_yaxes(title_text="mean accept length", rangemode="tozero")
+    return _layout(fig, title, 260)

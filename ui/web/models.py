@@ -1,0 +1,281 @@
+"""Dashboard view models: pure functions from trace records (summary columns, spans, steps) to rows and series.
+
+The step-level models (detail rows, request rows, the classified page-table grid, acceptance statistics) come
+from `specscope.ui.views`, shared with the TUI; this module adds what only the dashboard needs: binning for
+large traces, stream overlap and GPU idle gaps per step, acceptance series, violation groups.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from specscope.tracer.schema import ForwardMode, SpanRow, Violation
+from specscope.ui.views import AcceptanceStats, acceptance_from_histogram
+
+from .source import MODES, Columns
+
+MAX_POINTS = 10_000  # beyond this many points a series is binned server-side
+NUM_BINS = 2_000  # bins of a binned series
+VERIFY = MODES.index(ForwardMode.TARGET_VERIFY.value)
+
+
+# -- binning -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Series:
+    """A series as the browser gets it: raw points, or per-bin mean / min / max when `binned`."""
+
+    x: np.ndarray  # step index (bin centre when binned)
+    y: np.ndarray  # value (bin mean when binned)
+    y_min: np.ndarray
+    y_max: np.ndarray
+    count: np.ndarray  # points per bin (1 when raw)
+    binned: bool
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+def bin_series(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS, bins: int = NUM_BINS) -> Series:
+    """`x, y` unchanged when there are at most `max_points`, else `bins` equal-width bins over x with the mean,
+    minimum and maximum of y in each (empty bins dropped), so a spike is never lost to averaging."""
+    x = np.asarray(x, np.float64)
+    y = np.asarray(y, np.float64)
+    if len(x) <= max_points:
+        return Series(x, y, y, y, np.ones(len(x), np.int64), False)
+    lo, hi = float(x.min()), float(x.max())
+    edges = np.linspace(lo, hi, bins + 1)
+    which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, bins - 1)
+    count = np.bincount(which, minlength=bins)
+    total = np.bincount(which, weights=y, minlength=bins)
+    ymin = np.full(bins, np.inf)
+    ymax = np.full(bins, -np.inf)
+    np.minimum.at(ymin, which, y)
+    np.maximum.at(ymax, which, y)
+    keep = count > 0
+    centre = (edges[:-1] + edges[1:]) / 2
+    return Series(centre[keep], total[keep] / count[keep], ymin[keep], ymax[keep], count[keep], True)
+
+
+# -- timeline ------------------------------------------------------------------------------------------------
+
+
+def step_durations(cols: Columns, start: int = 0, stop: int | None = None) -> dict[str, Series]:
+    """Host duration per step in µs, one series per forward mode (binned beyond MAX_POINTS per mode)."""
+    stop = len(cols) if stop is None else min(stop, len(cols))
+    idx = np.arange(start, stop)
+    dur = (cols.end_ns[start:stop] - cols.start_ns[start:stop]) / 1e3
+    mode = cols.mode[start:stop]
+    out = {}
+    for code, name in enumerate(MODES):
+        sel = mode == code
+        if sel.any():
+            out[name] = bin_series(idx[sel], dur[sel])
+    return out
+
+
+@dataclass(frozen=True)
+class StepStreams:
+    """One step's stream time: plan work and how much of it ran while the compute stream was busy."""
+
+    step: int
+    plan_ns: int
+    plan_hidden_ns: int
+    compute_ns: int
+    idle_before_ns: int  # compute-stream gap between the previous compute span and this step's first one
+
+    @property
+    def hidden_share(self) -> float | None:
+        """Share of plan time hidden under compute (None without plan work)."""
+        return self.plan_hidden_ns / self.plan_ns if self.plan_ns else None
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A gap on the compute stream (the GPU idle between two compute spans)."""
+
+    start_ns: int
+    end_ns: int
+    after_step: int
+    before_step: int
+
+
+def _union(iv: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _overlap(a: int, b: int, union: list[tuple[int, int]]) -> int:
+    lo = np.searchsorted([u[1] for u in union], a, side="right")
+    total = 0
+    for s, e in union[lo:]:
+        if s >= b:
+            break
+        total += max(0, min(b, e) - max(a, s))
+    return total
+
+
+def step_streams(spans: Sequence[SpanRow]) -> tuple[list[StepStreams], list[Gap]]:
+    """Per-step plan/compute overlap and the compute-stream idle gaps, from the spans of a window of steps.
+
+    A plan span counts as hidden while any compute span (of any step) runs, since that is what hides it."""
+    compute = [s for s in spans if s.stream == "compute"]
+    union = _union((s.start_ns, s.end_ns) for s in compute)
+    by_step: dict[int, list[SpanRow]] = defaultdict(list)
+    for s in spans:
+        by_step[s.step].append(s)
+    gaps: list[Gap] = []
+    ordered = sorted(compute, key=lambda s: (s.start_ns, s.step))
+    idle_before: dict[int, int] = {}
+    end, end_step = None, None
+    for s in ordered:
+        if end is not None and s.start_ns > end:
+            gaps.append(Gap(end, s.start_ns, int(end_step), s.step))  # type: ignore[arg-type]
+            idle_before[s.step] = idle_before.get(s.step, 0) + s.start_ns - end
+        if end is None or s.end_ns > end:
+            end, end_step = s.end_ns, s.step
+    rows = []
+    for step in sorted(by_step):
+        plan = [(s.start_ns, s.end_ns) for s in by_step[step] if s.stream == "plan"]
+        comp = _union((s.start_ns, s.end_ns) for s in by_step[step] if s.stream == "compute")
+        rows.append(StepStreams(
+            step=step, plan_ns=sum(b - a for a, b in plan), plan_hidden_ns=sum(_overlap(a, b, union) for a, b in plan),
+            compute_ns=sum(b - a for a, b in comp), idle_before_ns=idle_before.get(step, 0),
+        ))  # fmt: skip
+    return rows, gaps
+
+
+def stream_totals(rows: Sequence[StepStreams], gaps: Sequence[Gap]) -> dict[str, float | int | None]:
+    """Totals over a window: plan time, its hidden share, compute busy time and idle share."""
+    plan = sum(r.plan_ns for r in rows)
+    hidden = sum(r.plan_hidden_ns for r in rows)
+    busy = sum(r.compute_ns for r in rows)
+    idle = sum(g.end_ns - g.start_ns for g in gaps)
+    return {"plan_ns": plan, "plan_hidden_share": hidden / plan if plan else None, "compute_ns": busy,
+            "idle_ns": idle, "idle_share": idle / (busy + idle) if busy + idle else None, "gaps": len(gaps)}
+
+
+# -- acceptance ----------------------------------------------------------------------------------------------
+
+
+def verify_mask(cols: Columns) -> np.ndarray:
+    """Which steps are TARGET_VERIFY steps with an accept histogram."""
+    return (cols.mode == VERIFY) & (cols.accept_hist.sum(axis=1) > 0)
+
+
+def acceptance(cols: Columns, start: int = 0, stop: int | None = None) -> AcceptanceStats:
+    """Acceptance statistics of the verify steps in [start, stop) (views.acceptance_from_histogram)."""
+    sl = slice(start, len(cols) if stop is None else stop)
+    m = verify_mask(cols)[sl]
+    h = cols.accept_hist[sl][m]
+    rows_per_step = h.sum(axis=1)
+    drafted = int((rows_per_step * np.maximum(cols.tokens_per_request[sl][m] - 1, 0)).sum())
+    hist = h.sum(axis=0).tolist()
+    while hist and hist[-1] == 0:
+        hist.pop()
+    return acceptance_from_histogram(hist, int(m.sum()), drafted)
+
+
+def mean_accept_per_step(cols: Columns) -> Series:
+    """Mean accept length of each verify step over step index (binned beyond MAX_POINTS)."""
+    m = verify_mask(cols)
+    h = cols.accept_hist[m].astype(np.float64)
+    lengths = np.arange(h.shape[1])
+    mean = (h * lengths).sum(axis=1) / h.sum(axis=1)
+    return bin_series(np.nonzero(m)[0], mean)
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """Acceptance of the verify steps that share one key (batch size, or request)."""
+
+    key: int
+    steps: int
+    rows: int
+    mean_accept_length: float
+
+
+def acceptance_by_batch_size(cols: Columns) -> list[GroupRow]:
+    """Mean accept length of verify rows grouped by the step's live batch size."""
+    m = verify_mask(cols)
+    h = cols.accept_hist[m].astype(np.int64)
+    bs = cols.batch_size[m]
+    lengths = np.arange(h.shape[1])
+    out = []
+    for b in np.unique(bs):
+        sel = bs == b
+        rows = int(h[sel].sum())
+        out.append(GroupRow(int(b), int(sel.sum()), rows, float((h[sel] * lengths).sum() / rows) if rows else 0.0))
+    return out
+
+
+def acceptance_by_request(verify_steps: Iterable) -> list[GroupRow]:
+    """Mean accept length per request id over the given decoded verify steps."""
+    acc: dict[int, list[int]] = defaultdict(list)
+    for st in verify_steps:
+        for r in st.requests:
+            if r.accept_length > 0:
+                acc[r.request_id].append(r.accept_length)
+    return [GroupRow(rid, len(v), len(v), sum(v) / len(v)) for rid, v in sorted(acc.items())]
+
+
+# -- violations ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ViolationGroup:
+    """All violations of one invariant."""
+
+    check_id: str
+    severity: str
+    description: str
+    count: int
+    num_steps: int
+    first_step: int
+    examples: tuple[Violation, ...]  # the first few, in step order
+
+
+def _natural(check_id: str) -> tuple[str, int]:
+    head = check_id.rstrip("0123456789")
+    tail = check_id[len(head):]
+    return head, int(tail) if tail else -1
+
+
+def violation_groups(violations: Iterable[Violation], max_examples: int = 50) -> list[ViolationGroup]:
+    """Violations grouped by invariant (in catalogue order by id), each with its first `max_examples`."""
+    from specscope.tracer.checks import BY_ID
+
+    groups: dict[str, list[Violation]] = defaultdict(list)
+    for v in violations:
+        groups[v.check_id].append(v)
+    out = []
+    for cid in sorted(groups, key=_natural):
+        vs = sorted(groups[cid], key=lambda v: v.step)
+        inv = BY_ID.get(cid)
+        out.append(ViolationGroup(cid, vs[0].severity.value, inv.description if inv else "", len(vs),
+                                  len({v.step for v in vs}), vs[0].step, tuple(vs[:max_examples])))
+    return out
+
+
+def violation_target(v: Violation, request_ids: Sequence[int] | None = None) -> dict[str, int | str]:
+    """Query parameters of the step-page link that highlights a violation: the cell it names, else the row
+    of its request (when `request_ids`, the step's rows, are known), else just the invariant."""
+    q: dict[str, int | str] = {"check": v.check_id}
+    if v.row is not None:
+        q["row"] = int(v.row)
+        if v.col is not None:
+            q["col"] = int(v.col)
+        if v.array:
+            q["array"] = v.array
+    elif v.request_id is not None:
+        q["request"] = int(v.request_id)
+    return q

@@ -1,0 +1,460 @@
+"""Page layouts: Dash components built from the view models and figures. No callbacks here."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from dash import dcc, html
+from specscope.tracer.checks import BY_ID
+from specscope.tracer.schema import ForwardMode, Step, Violation
+from specscope.ui import views
+
+from . import figures, models
+from .routes import step_href
+from .source import TraceSource
+
+DEFAULT_WINDOW = 100  # steps in the timeline's first window
+MAX_WINDOW = 300  # steps whose spans one Gantt shows (the spans of a window are decoded on demand)
+GRAPH_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, id: str | None = None,
+          highlight: int | None = None, cls: str = "") -> html.Table:
+    """A plain HTML table; row `highlight` gets the highlight class."""
+    head = html.Thead(html.Tr([html.Th(h) for h in header]))
+    body = html.Tbody([html.Tr([html.Td(c) for c in r], className="hl" if i == highlight else "")
+                       for i, r in enumerate(rows)])
+    kw = {"id": id} if id else {}
+    return html.Table([head, body], className=f"tbl {cls}".strip(), **kw)
+
+
+def kv_table(rows: Sequence[tuple[str, str]], id: str | None = None) -> html.Table:
+    """A two-column label/value table."""
+    kw = {"id": id} if id else {}
+    return html.Table(html.Tbody([html.Tr([html.Th(k), html.Td(v)]) for k, v in rows]), className="tbl kv", **kw)
+
+
+def error_panel(message: str) -> html.Div:
+    """The page shown for a bad address or input: one line, no traceback."""
+    return html.Div([html.H2("Cannot show this page"), html.P(message, id="error-message"),
+                     dcc.Link("back to the timeline", href="/")], className="error-panel")
+
+
+def graph(id: str, fig: object) -> dcc.Graph:
+    """A dcc.Graph with the dashboard's config."""
+    return dcc.Graph(id=id, figure=fig, config=GRAPH_CONFIG)
+
+
+def _fmt_share(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+# -- timeline ------------------------------------------------------------------------------------------------
+
+
+def default_window(src: TraceSource) -> tuple[int, int]:
+    """The first window: the first DEFAULT_WINDOW steps, or the last ones of a live trace (it follows)."""
+    n = src.num_steps()
+    if src.is_live():
+        return max(0, n - DEFAULT_WINDOW), n
+    return 0, min(n, DEFAULT_WINDOW)
+
+
+def clamp_window(lo: int, hi: int, n: int) -> tuple[int, int, bool]:
+    """[lo, hi) clamped to the trace and to MAX_WINDOW steps; the flag says it was cut."""
+    lo = max(0, min(int(lo), max(n - 1, 0)))
+    hi = max(lo + 1, min(int(hi), n))
+    cut = hi - lo > MAX_WINDOW
+    return lo, (lo + MAX_WINDOW if cut else hi), cut
+
+
+def timeline_window(src: TraceSource, lo: int, hi: int) -> dict[str, object]:
+    """Figures and texts of the timeline for the step window [lo, hi)."""
+    n = src.num_steps()
+    lo, hi, cut = clamp_window(lo, hi, n)
+    spans = src.spans(lo, hi)
+    rows, gaps = models.step_streams(spans)
+    tot = models.stream_totals(rows, gaps)
+    note = f"steps {lo}–{hi - 1}" + (f" (the first {MAX_WINDOW} of the selected range)" if cut else "")
+    stats = [
+        ("window", note),
+        ("plan hidden under compute", _fmt_share(tot["plan_hidden_share"])),  # type: ignore[arg-type]
+        ("compute busy", views.fmt_ns(int(tot["compute_ns"]))),  # type: ignore[arg-type]
+        ("GPU idle gaps", f"{tot['gaps']} gaps, {views.fmt_ns(int(tot['idle_ns']))} "  # type: ignore[arg-type]
+                          f"({_fmt_share(tot['idle_share'])} of compute time)"),  # type: ignore[arg-type]
+    ]  # fmt: skip
+    top = sorted(gaps, key=lambda g: g.start_ns - g.end_ns)[:8]
+    gap_rows = [(dcc.Link(f"{g.after_step} → {g.before_step}", href=step_href(g.before_step)),
+                 views.fmt_ns(g.end_ns - g.start_ns)) for g in top]
+    return {
+        "gantt": figures.gantt_figure(spans),
+        "overlap": figures.overlap_figure(rows),
+        "overview": figures.overview_figure(models.step_durations(src.cols), (lo, hi)),
+        "stats": kv_table(stats, id="tl-window-stats"),
+        "gaps": table(["largest idle gaps (steps)", "idle"], gap_rows) if gap_rows else html.P("no compute idle gaps"),
+    }
+
+
+def timeline_page(src: TraceSource) -> html.Div:
+    """Timeline: overview of every step (binned), a step-range slider, the Gantt and overlap of the window."""
+    n = src.num_steps()
+    if n == 0:
+        return html.Div([html.H2("Timeline"), html.P("the trace has no steps yet", id="tl-empty")])
+    lo, hi = default_window(src)
+    w = timeline_window(src, lo, hi)
+    marks = {int(round(k * (n - 1) / 4)): str(int(round(k * (n - 1) / 4))) for k in range(5)}
+    return html.Div([
+        html.H2("Timeline"),
+        html.P(_trace_line(src), className="muted"),
+        graph("tl-overview", w["overview"]),
+        html.Div([
+            html.Label("step range"),
+            dcc.RangeSlider(id="tl-range", min=0, max=max(n - 1, 1), step=1, value=[lo, max(lo, hi - 1)],
+                            marks=marks, allowCross=False, updatemode="mouseup",
+                            tooltip={"placement": "bottom", "always_visible": False}),
+        ], className="slider"),
+        html.Div(w["stats"], id="tl-stats"),
+        graph("tl-gantt", w["gantt"]),
+        graph("tl-overlap", w["overlap"]),
+        html.Div(w["gaps"], id="tl-gaps"),
+    ], id="timeline-page")
+
+
+def _trace_line(src: TraceSource) -> str:
+    run = src.run
+    live = "live" if src.is_live() else "closed"
+    return (f"{os.path.basename(src.path)} · {src.num_steps()} steps ({live}) · {run.device} · "
+            f"kernel {run.attention_kernel} · target {run.target_model} · draft {run.draft_model or '-'}")
+
+
+# -- step explorer -------------------------------------------------------------------------------------------
+
+
+def _draft_chain(step: Step, reqs: Sequence[views.RequestView], fmt: object, highlight: int | None) -> html.Div:
+    if step.mode != ForwardMode.TARGET_VERIFY:
+        return html.P(f"{step.mode.value}: no draft chain (drafts are verified in TARGET_VERIFY steps)",
+                      className="muted")
+    blocks = []
+    for r in reqs:
+        chips = [html.Span("root", className="tok root")]
+        for j, (t, ok) in enumerate(zip(r.draft_tokens, r.draft_accepted, strict=False)):
+            chips.append(html.Span(fmt([t]), className="tok " + ("acc" if ok else "rej"),  # type: ignore[operator]
+                                   title=f"draft {j}: token {t} {'accepted' if ok else 'rejected'}"))
+        if r.bonus is not None:
+            chips.append(html.Span(fmt([r.bonus]), className="tok bonus",  # type: ignore[operator]
+                                   title=f"bonus token {r.bonus} (from the target)"))
+        blocks.append(html.Div([html.Span(f"r{r.request_id}", className="chain-label"), *chips,
+                                html.Span(f"accept length {r.accept_length}", className="muted")],
+                               className="chain" + (" hl" if r.row == highlight else "")))
+    return html.Div(blocks, id="draft-chain")
+
+
+def highlight_row(step: Step, params: dict[str, int | str]) -> int | None:
+    """The batch row a step URL asks to highlight (by `row`, or by `request`)."""
+    if "row" in params:
+        return int(params["row"])
+    if "request" in params:
+        for b, r in enumerate(step.requests):
+            if r.request_id == params["request"]:
+                return b
+    return None
+
+
+def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Div:
+    """Step explorer: detail, requests, page-table heatmap, seqlens, draft chain, this step's violations."""
+    n = src.num_steps()
+    step = src.step(i)
+    key = src.key
+    fmt = views.token_formatter(src.run)
+    cap = src.capture_of(i)
+    spans = [(s.stream, s.name, s.start_ns, s.end_ns) for s in step.spans]
+    detail = views.step_detail(step, capture=cap, kernel=src.run.attention_kernel, spans=spans)
+    reqs = views.request_views(step, fmt)
+    hl = highlight_row(step, params)
+    col = params.get("col")
+    grid = views.page_grid(step)
+    nav = html.Div([
+        dcc.Link("◀ prev", id="step-prev", href=step_href(max(0, i - 1), key), className="btn"
+                 + (" disabled" if i == 0 else "")),
+        html.Span(f"step {i} of {n}", id="step-pos"),
+        dcc.Link("next ▶", id="step-next", href=step_href(min(n - 1, i + 1), key), className="btn"
+                 + (" disabled" if i >= n - 1 else "")),
+        html.Span(views.step_label(step), className="step-label"),
+        *([dcc.Link(f"capture step {cap}", href=step_href(cap, key), className="btn")] if cap not in (None, i) else []),
+        html.Span("keys: ← → step", className="muted"),
+    ], className="step-nav")
+    banner = []
+    if "check" in params:
+        inv = BY_ID.get(str(params["check"]))
+        where = "" if hl is None else f" · row {hl}" + ("" if col is None else f", logical page {col}")
+        banner.append(html.Div(f"Violation {params['check']}{where}: {inv.description if inv else ''}",
+                               className="banner", id="violation-banner"))
+    req_rows = [(r.row, r.request_id, r.slot, r.seq_len_before, r.seq_len_after, r.num_q_tokens,
+                 r.accept_length if step.mode == ForwardMode.TARGET_VERIFY else "-", r.draft_text or "-",
+                 r.accepted_text or "-") for r in reqs]
+    req_table = table(["row", "request", "slot", "S before", "S after", "q tokens", "accept", "drafts", "accepted"],
+                      req_rows, id="request-table", highlight=hl)
+    if grid is not None:
+        heat = graph("step-heatmap", figures.heatmap_figure(grid, None if hl is None else (hl, col)))  # type: ignore[arg-type]
+        legend = html.Div([html.Span(f"{views.SYMBOLS[k] if views.SYMBOLS[k].strip() else '□'} {views.KIND_TEXT[k]}"
+                                     f" ({grid.counts.get(k, 0)})", className="chip",
+                                     style={"background": figures.KIND_COLORS[k]}) for k in views.CellKind],
+                          className="legend")
+        seq_rows = []
+        for b in range(len(grid.cells)):
+            seq_rows.append((b, grid.row_labels[b], _at(grid.cache_seqlens, b), _at(grid.cu_seqlens_q, b),
+                             _at(grid.cu_seqlens_k, b), _arr_at(step, "seq_lens", b), _arr_at(step, "req_pool_indices",
+                                                                                                 b)))
+        seq_rows.append(("end", "", "", _at(grid.cu_seqlens_q, len(grid.cells)), _at(grid.cu_seqlens_k,
+                                                                                      len(grid.cells)), "", ""))
+        seqs = table(["row", "", "cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "seq_lens", "req_pool_indices"],
+                     seq_rows, id="seqlens-table", highlight=hl)
+        grid_block = [heat, legend, html.Div("click a cell for its details", id="step-cell", className="cell-detail")]
+    else:
+        grid_block = [html.P("this step recorded no page table", className="muted")]
+        seqs = html.P("no seqlens recorded", className="muted")
+    found = src.step_violations(i)
+    viol = html.Ul([html.Li(f"{v.check_id} [{v.severity.value}] {v.message}") for v in found], id="step-violations") \
+        if found else html.P("no violations at this step", id="step-violations", className="muted")
+    extra = []
+    if step.errors:
+        extra.append(table(["call", "error", "message"], [(e.call, e.error_type, e.message) for e in step.errors]))
+    if step.waits:
+        extra.append(table(["stream", "waited on"], [(w.stream, f"{w.on_stream}:{w.on_span}") for w in step.waits]))
+    return html.Div([
+        dcc.Store(id="step-index", data={"trace": key, "step": i}),
+        nav, *banner,
+        html.Div([
+            html.Div([html.H3("Step"), kv_table(detail, id="step-detail")], className="col narrow"),
+            html.Div([html.H3("Requests"), req_table, html.H3("Draft chain"), _draft_chain(step, reqs, fmt, hl)],
+                     className="col wide"),
+        ], className="row"),
+        html.H3("Page table"), *grid_block,
+        html.Div([
+            html.Div([html.H3("cache_seqlens and cu_seqlens"), seqs], className="col"),
+            html.Div([html.H3("Violations"), viol, *extra], className="col"),
+        ], className="row"),
+    ], id="step-page")
+
+
+def _at(xs: Sequence[int], i: int) -> object:
+    return xs[i] if 0 <= i < len(xs) else "-"
+
+
+def _arr_at(step: Step, name: str, i: int) -> object:
+    a = step.array(name)
+    if a is None:
+        return "-"
+    flat = a.values.reshape(-1)
+    return int(flat[i]) if i < len(flat) else "-"
+
+
+def cell_detail(grid: views.PageGrid | None, row: int, col: int) -> html.Div:
+    """The details of one heatmap cell."""
+    cell = None if grid is None else grid.cell(row, col)
+    if cell is None:
+        return html.Div(f"no page-table cell at row {row}, page {col}", className="cell-detail")
+    rows = [
+        ("cell", f"row {cell.row} ({grid.row_labels[cell.row]}), logical page {cell.col}"),  # type: ignore[union-attr]
+        ("physical page", str(cell.page)),
+        ("kind", views.KIND_TEXT[cell.kind]),
+        ("tokens", f"{cell.token_start}–{cell.token_end}"),
+        ("owner", "padded row" if cell.owner is None else f"request {cell.owner}"),
+        ("req_to_token gives", "-" if cell.expected_page is None else str(cell.expected_page)),
+        ("shared with", ", ".join(f"request {x}" for x in cell.shared_with) or "-"),
+    ]
+    return html.Div(kv_table(rows, id="cell-table"), className="cell-detail")
+
+
+# -- acceptance ----------------------------------------------------------------------------------------------
+
+MAX_REQUEST_SCAN = 4000  # verify steps decoded for the per-request chart (the most recent ones)
+
+
+def acceptance_stats_rows(stats: dict[str, views.AcceptanceStats]) -> tuple[list[str], list[list[object]]]:
+    """Header and rows of the acceptance statistics table, one column per trace."""
+    names = list(stats)
+    fields = [
+        ("verify steps", lambda s: s.verify_steps), ("verify rows", lambda s: s.rows),
+        ("mean accept length", lambda s: f"{s.mean_accept_length:.3f}"),
+        ("tokens per verify step", lambda s: f"{s.tokens_per_verify_step:.2f}"),
+        ("draft acceptance", lambda s: _fmt_share(s.draft_acceptance)),
+        ("draft-token waste", lambda s: _fmt_share(s.draft_waste)),
+    ]  # fmt: skip
+    return ["", *names], [[label, *(f(stats[n]) for n in names)] for label, f in fields]
+
+
+def per_request(src: TraceSource) -> tuple[list[models.GroupRow], str]:
+    """Mean accept length per request, from (at most MAX_REQUEST_SCAN of the latest) verify steps."""
+    idx = [int(i) for i in models.verify_mask(src.cols).nonzero()[0]]
+    note = ""
+    if len(idx) > MAX_REQUEST_SCAN:
+        note = f" (the last {MAX_REQUEST_SCAN} of {len(idx)} verify steps)"
+        idx = idx[-MAX_REQUEST_SCAN:]
+    with src.locked():
+        rows = models.acceptance_by_request([src.reader.step(i, arrays=()) for i in idx])
+    return rows, note
+
+
+def acceptance_page(sources: dict[str, TraceSource]) -> html.Div:
+    """Acceptance: statistics, rate by draft position, histogram, over time, against batch size, per request."""
+    names = {k: _name(s) for k, s in sources.items()}
+    stats = {names[k]: models.acceptance(s.cols) for k, s in sources.items()}
+    if not any(s.verify_steps for s in stats.values()):
+        return html.Div([html.H2("Acceptance"), html.P("no TARGET_VERIFY steps in this trace", id="acc-empty")])
+    head, rows = acceptance_stats_rows(stats)
+    req = {}
+    notes = []
+    for k, s in sources.items():
+        r, note = per_request(s)
+        req[names[k]] = r
+        if note:
+            notes.append(names[k] + note)
+    return html.Div([
+        html.H2("Acceptance"),
+        table(head, rows, id="acc-stats"),
+        html.Div([graph("acc-position", figures.by_position_figure(stats)),
+                  graph("acc-hist", figures.histogram_figure(stats))], className="row2"),
+        graph("acc-time", figures.over_time_figure({names[k]: models.mean_accept_per_step(s.cols)
+                                                    for k, s in sources.items()})),
+        html.Div([
+            graph("acc-bs", figures.group_figure({names[k]: models.acceptance_by_batch_size(s.cols)
+                                                  for k, s in sources.items()}, "Against batch size", "batch size")),
+            graph("acc-request", figures.group_figure(req, "Per request" + ("; ".join(notes) and " — "
+                                                                             + "; ".join(notes)), "request")),
+        ], className="row2"),
+    ], id="acceptance-page")
+
+
+def _name(src: TraceSource) -> str:
+    return f"{src.key.upper()}: {os.path.basename(src.path)}"
+
+
+# -- violations ----------------------------------------------------------------------------------------------
+
+
+def violations_body(src: TraceSource, state: object) -> html.Div:
+    """The grouped violations found so far, each example linking to its step with the cell highlighted."""
+    st = state
+    groups = models.violation_groups(st.violations)  # type: ignore[attr-defined]
+    done = st.checked_steps >= st.num_steps  # type: ignore[attr-defined]
+    where = ("stored in the trace" if st.source == "trace"  # type: ignore[attr-defined]
+             else "found by the checker in this dashboard (the trace stores none)")
+    progress = (f"{len(st.violations)} violations of {len(groups)} invariants, {where}; "  # type: ignore[attr-defined]
+                + ("all " if done else "") + f"{st.checked_steps} of {st.num_steps} steps checked")  # type: ignore[attr-defined]
+    blocks = []
+    requests_of: dict[int, list[int]] = {}
+    for g in groups:
+        items = []
+        for v in g.examples:
+            q = _violation_query(src, v, requests_of)
+            items.append(html.Li([dcc.Link(f"step {v.step}", href=step_href(v.step, src.key, **q),
+                                           className="viol-link"), " ", v.message]))
+        more = g.count - len(g.examples)
+        blocks.append(html.Details([
+            html.Summary(f"{g.check_id} [{g.severity}] {g.description} — {g.count} in {g.num_steps} steps, "
+                         f"first at step {g.first_step}"),
+            html.Ul(items + ([html.Li(f"… and {more} more", className="muted")] if more > 0 else [])),
+        ], open=True, className="viol-group", id=f"viol-{g.check_id}"))
+    if not groups:
+        blocks.append(html.P("no violations" + ("" if done else " so far"), id="viol-none"))
+    return html.Div([html.P(progress, id="viol-progress"), *blocks])
+
+
+def _violation_query(src: TraceSource, v: Violation, cache: dict[int, list[int]]) -> dict[str, int | str]:
+    if v.row is None and v.request_id is not None and v.step not in cache:
+        with src.locked():
+            cache[v.step] = [r.request_id for r in src.reader.step(v.step, arrays=()).requests]
+    return models.violation_target(v, cache.get(v.step))
+
+
+def violations_page(src: TraceSource, state: object) -> html.Div:
+    """Violations grouped by invariant; a page that polls while the dashboard's checker is still running."""
+    done = state.checked_steps >= state.num_steps  # type: ignore[attr-defined]
+    return html.Div([
+        html.H2("Violations"),
+        dcc.Interval(id="viol-poll", interval=400, disabled=done),
+        html.Div(violations_body(src, state), id="viol-body"),
+    ], id="violations-page")
+
+
+# -- compare -------------------------------------------------------------------------------------------------
+
+MAX_COMPARE_STEPS = 2000  # step pairs tracer.diff decodes before it stops looking
+
+
+def _diff_link(div: object, d: object, key: str) -> str:
+    step = div.a_step if key == "a" else div.b_step  # type: ignore[attr-defined]
+    q: dict[str, int | str] = {}
+    if d.row is not None:  # type: ignore[attr-defined]
+        q["row"] = int(d.row)  # type: ignore[attr-defined]
+        if d.col is not None:  # type: ignore[attr-defined]
+            q["col"] = int(d.col)  # type: ignore[attr-defined]
+    elif d.request_id is not None:  # type: ignore[attr-defined]
+        q["request"] = int(d.request_id)  # type: ignore[attr-defined]
+    return step_href(step, key, **q)
+
+
+def divergence_block(title: str, div: object, id: str) -> html.Div:
+    """One diverging step pair of a `tracer.diff.DiffReport`: where, links into both traces, what differs."""
+    diffs = div.differences  # type: ignore[attr-defined]
+    first = diffs[0] if diffs else None
+    links = [dcc.Link(f"open A step {div.a_step}", href=_diff_link(div, first, "a") if first else  # type: ignore[attr-defined]
+                      step_href(div.a_step, "a"), className="btn", id=f"{id}-open-a"),  # type: ignore[attr-defined]
+             dcc.Link(f"open B step {div.b_step}", href=_diff_link(div, first, "b") if first else  # type: ignore[attr-defined]
+                      step_href(div.b_step, "b"), className="btn", id=f"{id}-open-b")]  # type: ignore[attr-defined]
+    rows = []
+    for d in diffs[:200]:
+        where = "" if d.row is None else f"[{d.row}" + ("" if d.col is None else f", {d.col}") + "]"
+        who = "" if d.request_id is None else f" (request {d.request_id})"
+        rows.append((d.kind, f"{d.name}{where}{who}", _short(d.a), _short(d.b)))
+    return html.Div([
+        html.H3(f"{title}: A step {div.a_step} / B step {div.b_step} — {div.label}"),  # type: ignore[attr-defined]
+        html.Div(links),
+        table(["kind", "what", "A", "B"], rows, id=f"{id}-diffs"),
+    ], id=id)
+
+
+def _short(v: object, limit: int = 16) -> str:
+    if isinstance(v, (list, tuple)):
+        body = ", ".join(str(x) for x in v[:limit])
+        return f"[{body}{', …' if len(v) > limit else ''}]"
+    return str(v)
+
+
+def compare_page(a: TraceSource, b: TraceSource | None, report: object | None) -> html.Div:
+    """Compare: the first diverging step (tracer.diff), its metadata differences, acceptance of both traces."""
+    if b is None or report is None:
+        return html.Div([html.H2("Compare"), html.P("start the dashboard with --compare TRACE_B to compare two "
+                                                    "traces", id="cmp-none")], id="compare-page")
+    rep = report
+    na, nb = _name(a), _name(b)
+    faults = [("A", f"{a.path} ({a.num_steps()} steps; faults: {', '.join(rep.a_faults) or 'none'})"),  # type: ignore[attr-defined]
+              ("B", f"{b.path} ({b.num_steps()} steps; faults: {', '.join(rep.b_faults) or 'none'})")]  # type: ignore[attr-defined]
+    blocks = []
+    if rep.first is not None:  # type: ignore[attr-defined]
+        blocks.append(divergence_block("First diverging step", rep.first, "cmp-first"))  # type: ignore[attr-defined]
+    if rep.first_forward is not None and rep.first_forward is not rep.first:  # type: ignore[attr-defined]
+        blocks.append(divergence_block("First diverging forward (not a capture)", rep.first_forward,  # type: ignore[attr-defined]
+                                       "cmp-forward"))
+    limit = rep.steps_compared >= MAX_COMPARE_STEPS and rep.first_forward is None  # type: ignore[attr-defined]
+    note = f"{rep.steps_compared} step pairs compared" + (f" (the first {MAX_COMPARE_STEPS} only)" if limit else "")  # type: ignore[attr-defined]
+    o = rep.outputs  # type: ignore[attr-defined]
+    outputs = f"outputs: {o['identical']} of {o['requests_compared']} requests identical"
+    if o["differing"]:
+        f = o["differing"][0]
+        outputs += f"; first difference: request {f['request_id']} at output token {f['position']}"
+    stats = {na: models.acceptance(a.cols), nb: models.acceptance(b.cols)}
+    h, rows = acceptance_stats_rows(stats)
+    return html.Div([
+        html.H2("Compare"), kv_table(faults, id="cmp-traces"),
+        html.P(rep.headline, id="cmp-verdict", className="banner"),  # type: ignore[attr-defined]
+        html.P(note + " · " + outputs, className="muted"),
+        *blocks,
+        html.H3("Acceptance"), table(h, rows, id="cmp-acc"),
+        html.Div([graph("cmp-position", figures.by_position_figure(stats)),
+                  graph("cmp-hist", figures.histogram_figure(stats))], className="row2"),
+        graph("cmp-time", figures.over_time_figure({na: models.mean_accept_per_step(a.cols),
+                                                    nb: models.mean_accept_per_step(b.cols)})),
+    ], id="compare-page")
