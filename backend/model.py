@@ -279,10 +279,24 @@ class LlamaForCausalLM(nn.Module):
             # Fusing allocates and copies weights: never inside a capture (GraphRunner warms up before capturing).
             log.warning("first forward of %s ops ran inside a CUDA-graph capture; using the plain ops", name)
             return None
-        self.fuse_projections()
-        ops = fused_ops.make_ops(name, self.rotary.inv_freq(device), self.config.max_position_embeddings)
-        self._ops[device] = ops
+        if device.type != "cuda":
+            self._ops[device] = ops = self._build_ops(name, device)
+            return ops
+        # Build on the default stream, where the loader put the weights, so the fused weights and the RoPE
+        # table live in its memory pool even when the first forward is GraphRunner's side-stream warm-up;
+        # stream waits (not host syncs) order it against the caller's stream.
+        cur, home = torch.cuda.current_stream(device), torch.cuda.default_stream(device)
+        if cur != home:
+            home.wait_stream(cur)
+        with torch.cuda.stream(home):
+            self._ops[device] = ops = self._build_ops(name, device)
+        if cur != home:
+            cur.wait_stream(home)
         return ops
+
+    def _build_ops(self, name: OpsName, device: torch.device) -> Ops | None:
+        self.fuse_projections()
+        return fused_ops.make_ops(name, self.rotary.inv_freq(device), self.config.max_position_embeddings)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] (model dtype) -> logits [..., vocab] float32."""
