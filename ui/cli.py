@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 
 # The order `specscope --help` lists them in. Planned: "run", "demo", "check", "tui", "web", "export".
-SUBCOMMANDS: list[str] = ["demo", "run", "check", "info", "export", "replay", "diff", "tui", "web"]
+SUBCOMMANDS: list[str] = ["demo", "run", "check", "info", "export", "replay", "diff", "sglang_hook", "web", "tui",
+                          "upgrade"]
 
 EXIT_OK = 0
 EXIT_UNREADABLE = 2  # also argparse's usage-error code
@@ -55,7 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # Name the subcommand's help, not the top-level one: that is where the right flags are listed.
+        command = f"specscope {args.command}" if getattr(args, "command", None) else "specscope"
+        _error(f"unrecognized arguments: {' '.join(extra)} (see `{command} --help`)")
+        return EXIT_UNREADABLE
     if getattr(args, "run", None) is None:
         parser.print_help()
         return EXIT_UNREADABLE

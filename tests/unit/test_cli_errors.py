@@ -199,6 +199,8 @@ def test_usage_error_is_one_line() -> None:
     p = run_cli("run", "--batch-size", "x")
     assert_one_line_error(p, "invalid int value: 'x'", "specscope run --help")
     assert p.stdout == ""
+    assert_one_line_error(run_cli("run", "--bogus"), "unrecognized arguments: --bogus (see `specscope run --help`)")
+    assert_one_line_error(run_cli("--bogus"), "unrecognized arguments: --bogus (see `specscope --help`)")
 
 
 def test_output_path_errors_name_the_path_once(tmp_path: Path) -> None:
