@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..backend.forward_batch import ForwardBatch
+from ..backend.memory import KVPool, ReqToTokenPool
 from ..tracer.schema import ForwardMode
 from .sglang_loader import UpstreamBatch, UpstreamSglang
 
@@ -73,12 +74,53 @@ def upstream_mode(up: UpstreamSglang, mode: ForwardMode) -> Any:
             ForwardMode.DRAFT_EXTEND: getattr(fm, "DRAFT_EXTEND_V2", fm.DRAFT_EXTEND)}[mode]
 
 
-def upstream_batch(up: UpstreamSglang, fb: ForwardBatch, accept_lens: list[int] | None = None) -> UpstreamBatch:
-    """The SGLang ForwardBatch fields the backend reads, for the same forward as our `fb`."""
+def specscope_batch(r2t: ReqToTokenPool, kv: KVPool, backend: Any, mode: ForwardMode, rows: list[tuple[int, int]],
+                    *, T: int, step: int | None = None, prefix: list[int] | None = None) -> ForwardBatch:
+    """Our ForwardBatch for `rows` = (req slot, S) under specscope's conventions (backend/forward_batch.py): S is
+    the committed length; DECODE and DRAFT_EXTEND count this forward's tokens in seq_lens, EXTEND's seq_lens
+    is the whole length (new tokens after `prefix`)."""
+    bs, table = len(rows), r2t.req_to_token
+    if mode == ForwardMode.EXTEND:
+        pre = prefix or [0] * bs
+        ext: list[int] | None = [s - p for (_, s), p in zip(rows, pre, strict=True)]
+        seq = [s for _, s in rows]
+        pos = [p + j for p, e in zip(pre, ext, strict=True) for j in range(e)]
+        slot_of = [slot for (slot, _), e in zip(rows, ext, strict=True) for _ in range(e)]
+    else:
+        T = 1 if mode in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE) else T
+        off = {ForwardMode.DECODE: 1, ForwardMode.DRAFT_EXTEND: T}.get(mode, 0)
+        seq = [s + off for _, s in rows]
+        first = {ForwardMode.DRAFT_DECODE: step or 0}.get(mode, 0)
+        pos = [s + first + j for _, s in rows for j in range(T)]
+        slot_of = [slot for slot, _ in rows for _ in range(T)]
+        ext = [T] * bs if mode == ForwardMode.DRAFT_EXTEND else None
+        pre = [s for _, s in rows] if mode == ForwardMode.DRAFT_EXTEND else None
+    dev = table.device
+    pos_t = torch.tensor(pos, dtype=torch.int64, device=dev)
+    loc = table[torch.tensor(slot_of, dtype=torch.int64, device=dev), pos_t].to(torch.int64)
+    seq_t = torch.tensor(seq, dtype=torch.int32)
+    return ForwardBatch(
+        forward_mode=mode, batch_size=bs, input_ids=torch.arange(len(pos), dtype=torch.int64, device=dev) + 7,
+        positions=pos_t, seq_lens=seq_t.to(dev), seq_lens_cpu=seq_t,
+        req_pool_indices=torch.tensor([slot for slot, _ in rows], dtype=torch.int64, device=dev), out_cache_loc=loc,
+        req_to_token_pool=r2t, token_to_kv_pool=kv, attn_backend=backend, extend_seq_lens_cpu=ext,
+        extend_prefix_lens_cpu=pre, spec_step_id=step, num_tokens_per_req=T if ext is None else 1)
+
+
+def upstream_batch(up: UpstreamSglang, fb: ForwardBatch, accept_lens: list[int] | None = None,
+                   num_steps: int | None = None) -> UpstreamBatch:
+    """The SGLang ForwardBatch fields the backend reads, for the same forward as our `fb`.
+
+    For DRAFT_DECODE with `num_steps`, `out_cache_loc` becomes SGLang's request-major `[bs * num_steps]` draft
+    slots `req_to_token[rpi, S : S + num_steps]` (what `assign_draft_cache_locs` writes)."""
     mode, bs = fb.forward_mode, fb.batch_size
     spec: Any = None
+    loc = fb.out_cache_loc
     if mode == ForwardMode.DRAFT_DECODE:
         spec = DraftInput(num_tokens_per_req=1)
+        if num_steps:
+            cols = fb.positions[:bs, None] + torch.arange(num_steps, device=fb.positions.device)[None, :]
+            loc = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[:, None], cols].reshape(-1).to(torch.int64)
     elif mode == ForwardMode.TARGET_VERIFY:
         spec = VerifyInput(draft_token=fb.input_ids, positions=fb.positions, draft_token_num=fb.num_tokens // bs)
     elif mode == ForwardMode.DRAFT_EXTEND:
@@ -91,7 +133,7 @@ def upstream_batch(up: UpstreamSglang, fb: ForwardBatch, accept_lens: list[int] 
     return UpstreamBatch(
         forward_mode=upstream_mode(up, mode), batch_size=bs, input_ids=fb.input_ids, positions=fb.positions,
         seq_lens=fb.seq_lens, seq_lens_cpu=fb.seq_lens_cpu, seq_lens_sum=int(fb.seq_lens_cpu[:bs].sum()),
-        req_pool_indices=fb.req_pool_indices, out_cache_loc=fb.out_cache_loc, encoder_lens=None, spec_info=spec,
+        req_pool_indices=fb.req_pool_indices, out_cache_loc=loc, encoder_lens=None, spec_info=spec,
         extend_seq_lens=None if ext is None else torch.tensor(ext, dtype=torch.int32, device=fb.seq_lens.device),
         extend_seq_lens_cpu=None if ext is None else list(ext),
         extend_prefix_lens_cpu=list(fb.extend_prefix_lens_cpu or [0] * bs) if ext is not None else None,
@@ -119,7 +161,9 @@ class UpstreamGraphRunner:
         self.fill = step_backends(backend)[0].get_cuda_graph_seq_len_fill_value()
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
+        # The draft graph's KV write slots cover every draft step: [max_bs * speculative_num_steps].
+        self.out_cache_loc = torch.zeros(n * getattr(backend, "speculative_num_steps", 1), dtype=torch.int64,
+                                         device=dev)
         self.seq_lens = torch.full((self.max_bs,), self.fill, dtype=torch.int32, device=dev)
         self.seq_lens_cpu = torch.full((self.max_bs,), self.fill, dtype=torch.int32)
         self.req_pool_indices = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
@@ -206,13 +250,10 @@ class UpstreamGraphRunner:
             batch_size=bs, forward_mode=mode, actual_forward_mode=live.forward_mode, input_ids=self.input_ids[:n],
             positions=self.positions[:n], req_pool_indices=self.req_pool_indices[:bs], seq_lens=self.seq_lens[:bs],
             seq_lens_sum=seq_sum, seq_lens_cpu=self.seq_lens_cpu[:bs], encoder_lens=None,
-            out_cache_loc=live.out_cache_loc, spec_info=spec, raw_batch_size=raw_bs)
+            out_cache_loc=live.out_cache_loc, spec_info=spec)
         if self.up.api == "out_graph":
             if self.mode == ForwardMode.TARGET_VERIFY and self.up.build_replay_fb_view is not None:
-                real = self.up.build_replay_fb_view(live, self, bs, raw_bs, n, self.fill, mode, False)
-                real.positions = self.positions[:n]
-                real.raw_batch_size = raw_bs
-                view = UpstreamBatch(**vars(real))
+                view = self.up.build_replay_fb_view(live, self, bs, raw_bs, n, self.fill, mode, False)
             be.init_forward_metadata_out_graph(view)
         elif self.mode == ForwardMode.DRAFT_DECODE:
             be.init_forward_metadata_replay_cuda_graph(view, bs)

@@ -246,18 +246,17 @@ def _exec_module(path: Path, modname: str, stubs: dict[str, Any], passthrough: t
     return mod
 
 
-def load_upstream(where: str | os.PathLike[str] | None = None, *, kernels: bool = False,
-                  workspace_bytes: int | None = None) -> UpstreamSglang:
-    """Load upstream's TRTLLM MHA backend from the wheel at `where` (default: the installed sglang).
+@dataclass
+class _Helpers:
+    """Upstream's own small definitions, taken from the wheel's source."""
 
-    `kernels=True` lets the module import the real flashinfer and answers the SM checks from the device (GPU
-    drives); the default keeps everything on the metadata path, which is what runs on a CPU."""
-    pkg = find_sglang(where)
-    version = sglang_version(pkg)
-    _COUNTER[0] += 1
-    prefix = f"_specscope_sglang_{version.replace('.', '_')}_{_COUNTER[0]}"
-    if workspace_bytes is None:
-        workspace_bytes = (512 << 20) if kernels else (1 << 20)
+    ForwardMode: type
+    build_inner_fb_view: Callable[..., Any] | None
+    build_replay_fb_view: Callable[..., Any] | None
+    canonicalize_stride: Callable[..., Any]
+
+
+def _helpers(pkg: Path) -> _Helpers:
     base_env = {"torch": torch, "Optional": Optional, "SimpleNamespace": SimpleNamespace, "IntEnum": IntEnum,
                 "auto": auto, "total_ordering": total_ordering}
     fm = _extract(pkg / _FBI_PATH, ("ForwardMode",), base_env)["ForwardMode"]
@@ -271,41 +270,101 @@ def load_upstream(where: str | os.PathLike[str] | None = None, *, kernels: bool 
     except SglangNotFound:
         replay_view = None
     canon = _extract(pkg / _UTILS_PATH, ("canonicalize_stride",), env)["canonicalize_stride"]
+    return _Helpers(fm, inner, replay_view, canon)
 
-    def m(name: str, **attrs: Any) -> types.ModuleType:
-        mod = types.ModuleType(f"{prefix}.{name}")
-        mod.__dict__.update(attrs)
-        return mod
 
-    on_gpu = kernels
-    stubs: dict[str, Any] = {
-        "sglang.kernel_api_logging": m("kernel_api_logging", debug_kernel_api=lambda f: f),
-        "sglang.srt.utils.common": m("common", is_npu=lambda: False,
-                                     is_sm90_supported=_is_sm(9) if on_gpu else (lambda: False),
-                                     is_sm120_supported=_is_sm(12) if on_gpu else (lambda: False)),
+def _module(prefix: str, name: str, **attrs: Any) -> types.ModuleType:
+    mod = types.ModuleType(f"{prefix}.{name}")
+    mod.__dict__.update(attrs)
+    return mod
+
+
+def _base_stand_ins(prefix: str, kernels: bool) -> dict[str, Any]:
+    """What base_attn_backend.py imports."""
+    return {
+        "sglang.kernel_api_logging": _module(prefix, "kernel_api_logging", debug_kernel_api=lambda f: f),
+        "sglang.srt.utils.common": _module(prefix, "common", is_npu=lambda: False,
+                                           is_sm90_supported=_is_sm(9) if kernels else (lambda: False),
+                                           is_sm120_supported=_is_sm(12) if kernels else (lambda: False)),
     }
-    base = _exec_module(pkg / _BASE_PATH, f"{prefix}.base_attn_backend", stubs, ())
-    fib, fib_multi = _make_flashinfer_parents(base.AttentionBackend)
+
+
+def _backend_stand_ins(prefix: str, h: _Helpers, base_cls: type, kernels: bool,
+                       workspace_bytes: int) -> dict[str, Any]:
+    """What trtllm_mha_backend.py imports, besides the base class module."""
+    fib, fib_multi = _make_flashinfer_parents(base_cls)
 
     class _SWA:
         """No sliding-window pools here."""
 
-    fbi = m("forward_batch_info", ForwardMode=fm, ForwardBatch=UpstreamBatch)
-    if inner is not None:
-        fbi.build_inner_fb_view = inner
-    stubs.update({
-        "sglang.srt.environ": m("environ", envs=_envs(workspace_bytes)),
-        "sglang.srt.layers.attention.flashinfer_backend": m(
-            "flashinfer_backend", FlashInferAttnBackend=fib, FlashInferMultiStepDraftBackend=fib_multi),
-        "sglang.srt.layers.attention.triton_ops.trtllm_fp8_kv_kernel": m(
-            "trtllm_fp8_kv_kernel", fused_fp8_set_kv_buffer=_fused_fp8_set_kv_buffer),
-        "sglang.srt.layers.attention.utils": m("utils", canonicalize_stride=canon),
-        "sglang.srt.mem_cache.swa_memory_pool": m("swa_memory_pool", SWAKVPool=_SWA, SWATokenToKVPoolAllocator=_SWA),
+    fbi = _module(prefix, "forward_batch_info", ForwardMode=h.ForwardMode, ForwardBatch=UpstreamBatch)
+    if h.build_inner_fb_view is not None:
+        fbi.build_inner_fb_view = h.build_inner_fb_view
+    return {
+        "sglang.srt.environ": _module(prefix, "environ", envs=_envs(workspace_bytes)),
+        "sglang.srt.layers.attention.flashinfer_backend": _module(
+            prefix, "flashinfer_backend", FlashInferAttnBackend=fib, FlashInferMultiStepDraftBackend=fib_multi),
+        "sglang.srt.layers.attention.triton_ops.trtllm_fp8_kv_kernel": _module(
+            prefix, "trtllm_fp8_kv_kernel", fused_fp8_set_kv_buffer=_fused_fp8_set_kv_buffer),
+        "sglang.srt.layers.attention.utils": _module(prefix, "utils", canonicalize_stride=h.canonicalize_stride),
+        "sglang.srt.mem_cache.swa_memory_pool": _module(prefix, "swa_memory_pool", SWAKVPool=_SWA,
+                                                        SWATokenToKVPoolAllocator=_SWA),
         "sglang.srt.model_executor.forward_batch_info": fbi,
-        "sglang.srt.utils": m("utils", is_flashinfer_available=lambda: on_gpu),
-    })
+        "sglang.srt.utils": _module(prefix, "utils", is_flashinfer_available=lambda: kernels),
+    }
+
+
+def load_upstream(where: str | os.PathLike[str] | None = None, *, kernels: bool = False,
+                  workspace_bytes: int | None = None) -> UpstreamSglang:
+    """Load upstream's TRTLLM MHA backend from the wheel at `where` (default: the installed sglang).
+
+    `kernels=True` lets the module import the real flashinfer and answers the SM checks from the device (GPU
+    drives); the default keeps everything on the metadata path, which is what runs on a CPU."""
+    pkg = find_sglang(where)
+    version = sglang_version(pkg)
+    _COUNTER[0] += 1
+    prefix = f"_specscope_sglang_{version.replace('.', '_')}_{_COUNTER[0]}"
+    if workspace_bytes is None:
+        workspace_bytes = (512 << 20) if kernels else (1 << 20)
+    h = _helpers(pkg)
+    stubs = _base_stand_ins(prefix, kernels)
+    base = _exec_module(pkg / _BASE_PATH, f"{prefix}.base_attn_backend", stubs, ())
+    stubs.update(_backend_stand_ins(prefix, h, base.AttentionBackend, kernels, workspace_bytes))
     tmb = _exec_module(pkg / TMB_PATH, f"{prefix}.trtllm_mha_backend", stubs, ("flashinfer",) if kernels else ())
-    return UpstreamSglang(version, pkg, tmb, base, fm, inner, replay_view)
+    return UpstreamSglang(version, pkg, tmb, base, h.ForwardMode, h.build_inner_fb_view, h.build_replay_fb_view)
+
+
+TMB_MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
+_PACKAGES = ("", "srt", "srt/layers", "srt/layers/attention", "srt/layers/attention/triton_ops", "srt/mem_cache",
+             "srt/model_executor")
+
+
+def install_as_sglang(where: str | os.PathLike[str] | None = None, *, kernels: bool = False,
+                      workspace_bytes: int | None = None) -> UpstreamSglang:
+    """Make `import sglang.srt.layers.attention.trtllm_mha_backend` work in this process, through Python's normal
+    import system, from the wheel's own files: the packages on the way are registered without running their
+    `__init__.py` (which pull the server stack), and the stand-ins above under their real names.
+
+    This is how a process looks to the start-up hook when SGLang imports the backend; tests and GPU drives use
+    it. It refuses when any `sglang` module is already imported."""
+    pkg = find_sglang(where)
+    if any(m == "sglang" or m.startswith("sglang.") for m in sys.modules):
+        raise RuntimeError("sglang is already imported in this process")
+    if workspace_bytes is None:
+        workspace_bytes = (512 << 20) if kernels else (1 << 20)
+    for rel in _PACKAGES:
+        name = "sglang" + ("." + rel.replace("/", ".") if rel else "")
+        mod = types.ModuleType(name)
+        mod.__path__ = [str(pkg / rel)] if rel else [str(pkg)]
+        mod.__package__ = name
+        sys.modules[name] = mod
+    h = _helpers(pkg)
+    sys.modules.update(_base_stand_ins("sglang", kernels))
+    base = importlib.import_module("sglang.srt.layers.attention.base_attn_backend")
+    sys.modules.update(_backend_stand_ins("sglang", h, base.AttentionBackend, kernels, workspace_bytes))
+    tmb = importlib.import_module(TMB_MODULE)
+    return UpstreamSglang(sglang_version(pkg), pkg, tmb, base, h.ForwardMode, h.build_inner_fb_view,
+                          h.build_replay_fb_view)
 
 
 def make_model_runner(*, req_to_token: torch.Tensor, page_size: int, context_len: int, num_draft_tokens: int | None,

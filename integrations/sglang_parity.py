@@ -33,7 +33,7 @@ from ..backend.graph_runner import GraphRunner
 from ..backend.memory import KVPool, PageAllocator, ReqToTokenPool, RequestKV
 from ..backend.trtllm_mha_backend import TRTLLMHABackend
 from ..tracer.schema import ForwardMode
-from .sglang_driver import UpstreamGraphRunner, step_backends, upstream_batch
+from .sglang_driver import UpstreamGraphRunner, specscope_batch, step_backends, upstream_batch
 from .sglang_loader import UpstreamSglang, load_upstream, make_model_runner
 
 FIELDS = ("cache_seqlens_int32", "cache_seqlens_int32.dtype", "cu_seqlens_q", "cu_seqlens_q.dtype", "cu_seqlens_k",
@@ -246,32 +246,8 @@ class ParityHarness:
     def our_batch(self, mode: ForwardMode, rows: list[tuple[int, int]], step: int | None = None,
                   prefix: list[int] | None = None) -> ForwardBatch:
         """Our ForwardBatch for `rows` = (slot, S) under specscope's conventions (backend/forward_batch.py)."""
-        T, bs = self._tokens(mode), len(rows)
-        r2t = self.r2t.req_to_token
-        if mode == ForwardMode.EXTEND:
-            pre = prefix or [0] * bs
-            ext = [s - p for (_, s), p in zip(rows, pre, strict=True)]
-            seq = [s for _, s in rows]
-            pos = [p + j for p, e in zip(pre, ext, strict=True) for j in range(e)]
-            slot_of = [slot for (slot, _), e in zip(rows, ext, strict=True) for _ in range(e)]
-        else:
-            off = {ForwardMode.DECODE: 1, ForwardMode.DRAFT_EXTEND: T}.get(mode, 0)
-            seq = [s + off for _, s in rows]
-            first = {ForwardMode.DECODE: 0, ForwardMode.DRAFT_DECODE: step or 0}.get(mode, 0)
-            pos = [s + first + j for _, s in rows for j in range(T)]
-            slot_of = [slot for slot, _ in rows for _ in range(T)]
-            ext = [T] * bs if mode == ForwardMode.DRAFT_EXTEND else None
-            pre = [s for _, s in rows] if mode == ForwardMode.DRAFT_EXTEND else None
-        pos_t = torch.tensor(pos, dtype=torch.int64)
-        loc = r2t[torch.tensor(slot_of, dtype=torch.int64), pos_t].to(torch.int64)
-        be = self._our_backend(mode, step)
-        return ForwardBatch(
-            forward_mode=mode, batch_size=bs, input_ids=torch.arange(len(pos), dtype=torch.int64) + 7,
-            positions=pos_t, seq_lens=torch.tensor(seq, dtype=torch.int32),
-            seq_lens_cpu=torch.tensor(seq, dtype=torch.int32),
-            req_pool_indices=torch.tensor([slot for slot, _ in rows], dtype=torch.int64), out_cache_loc=loc,
-            req_to_token_pool=self.r2t, token_to_kv_pool=self.kv, attn_backend=be, extend_seq_lens_cpu=ext,
-            extend_prefix_lens_cpu=pre, spec_step_id=step, num_tokens_per_req=T if ext is None else 1)
+        return specscope_batch(self.r2t, self.kv, self._our_backend(mode, step), mode, rows,
+                               T=self._tokens(mode), step=step, prefix=prefix)
 
     # ---- one forward through both --------------------------------------------------------------------
     def eager(self, mode: ForwardMode, rows: list[tuple[int, int]], prefix: list[int] | None = None) -> None:

@@ -1,0 +1,744 @@
+"""Record a live SGLang `TRTLLMHAAttnBackend` into a specscope trace: every forward it prepares becomes a `Step`.
+
+Usage in-process (a server, a test, a driver script):
+
+    from specscope.integrations import sglang as ss
+    tracer = ss.SglangTracer("run.db")                      # opens a TraceWriter
+    ss.instrument(trtllm_mha_backend_module, tracer)       # patches its two classes (idempotent)
+    ...                                                     # run SGLang as usual
+    tracer.close()
+
+In a real server, `specscope sglang-hook install` plus `SPECSCOPE_TRACE=run.db` does the same without editing
+SGLang (see `sglang_hook.py` and docs/sglang.md).
+
+What a step holds (names as the engine's recorder writes them, docs/trace-format.md):
+
+- arrays, after the backend's prep (eager `init_forward_metadata`, capture, and each replay's `_apply`):
+  `cache_seqlens`, `cu_seqlens_q`, `cu_seqlens_k`, `page_table` (live columns, full shape kept) — exactly the
+  tensors in `backend.forward_metadata`, with their device addresses; the batch's `seq_lens`, `seq_lens_cpu`,
+  `req_pool_indices`, `positions`, `out_cache_loc`, `req_to_token_page_starts`; `draft_tokens` (verify) and
+  `accept_lens` (draft extend) when the spec input carries them.
+- scalars: `max_seq_len_q`, `max_seq_len_k`, `kernel_q_len` (the q length the kernels run with: the live value
+  eagerly, the value frozen at capture for a graph), `captured_max_seq_len_q`, `seq_len_fill_value`,
+  `backend_num_draft_tokens`, `max_context_len`, `speculative_step_id`, `seq_lens_cpu_max`; `plan_stream` and
+  `fixup_hook_ok` for verifies once the plan-stream fix-up hook ran.
+- spans: `host`/`metadata` always; on a CUDA device also CUDA-event spans of the prep on its stream, named
+  `compute` for the stream draft decode runs on and `plan` for any other (SGLang's overlap plan stream).
+- errors: a `CallError` for each prep or hook call that raised (then re-raised unchanged), e.g.
+  `update_verify_buffers_to_fill_after_draft` → `NotImplementedError` on backends without PR #25925.
+
+Facts taken from where SGLang puts them: a replay view carries the padded static `seq_lens` / `req_pool_indices`
+but the live `out_cache_loc` (and no positions for the target verify), so the live rows' positions come from the
+spec input and padded rows are recorded as the runner's static buffer holds them after replay's copy (zeros).
+The live batch size of a replay is the live token count over T. Draft decode step i runs at positions S + i and
+writes column i of the request-major `out_cache_loc` (`[bs, num_steps]`). SGLang's backend sees no request ids:
+each row's `request_id` is its `req_pool_index`.
+
+Recording never changes what the backend computes: it reads the metadata after the original call returns,
+copies it (CPU: clone; CUDA: non-blocking copies into pinned memory, resolved when an event completes, so
+nothing synchronizes), and never writes to a tensor the backend owns (tested in tests/unit/test_sglang_integration.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..tracer import schema as S
+from ..tracer.schema import ArraySnapshot, ForwardMode, GraphPhase, RequestState, RunInfo, Step, StreamSpan
+from ..tracer.store import TraceWriter
+
+_NP = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8", torch.bool: "bool",
+       torch.float32: "float32"}
+_BACKEND_METHODS = ("__init__", "init_forward_metadata", "init_forward_metadata_out_graph",
+                    "init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph",
+                    "update_verify_buffers_to_fill_after_draft")
+_WRAPPER_METHODS = ("init_forward_metadata", "init_forward_metadata_out_graph",
+                    "init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph")
+FIXUP = "update_verify_buffers_to_fill_after_draft"
+
+_ACTIVE: list[SglangTracer] = []  # the tracer the patched classes record into (the last one opened)
+# The live batch behind a call whose arguments do not carry it (0.5.12's replay API, the draft wrapper's fan-out).
+_LIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("specscope_sglang_live", default=None)
+_WRAPPER: contextvars.ContextVar[Any] = contextvars.ContextVar("specscope_sglang_wrapper", default=None)
+_IN_PREP: contextvars.ContextVar[bool] = contextvars.ContextVar("specscope_sglang_in_prep", default=False)
+
+
+@contextlib.contextmanager
+def live_batch(fb: Any) -> Iterator[None]:
+    """Tell the recorder which live batch the next prep calls serve (for APIs that pass only padded buffers)."""
+    tok = _LIVE.set(fb)
+    try:
+        yield
+    finally:
+        _LIVE.reset(tok)
+
+
+_FACTORY: list[Callable[[], SglangTracer]] = []
+
+
+def set_tracer_factory(factory: Callable[[], SglangTracer] | None) -> None:
+    """Open a tracer lazily, at the first prepared forward (the start-up hook's way: the trace is created in
+    the process that runs the backend, not in every process that imports it)."""
+    _FACTORY[:] = [factory] if factory is not None else []
+
+
+def active_tracer() -> SglangTracer | None:
+    """The tracer patched classes record into, if any (opened by the factory on first use)."""
+    if not _ACTIVE and _FACTORY:
+        factory = _FACTORY.pop()
+        _safely(factory)  # registers itself in _ACTIVE; a bad path is one warning, never a dead server
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+# ---- facts of one prep call -----------------------------------------------------------------------------
+@dataclass
+class _Prep:
+    """What one prep call was given, normalized across SGLang's APIs."""
+
+    phase: GraphPhase
+    fb: Any  # a ForwardBatch or view: forward_mode, batch_size, seq_lens, seq_lens_cpu, req_pool_indices, ...
+    num_tokens: int | None = None  # capture: tokens the graph is captured for
+    in_capture: bool = False
+
+
+def _mode_of(fb: Any) -> ForwardMode | None:
+    m = fb.forward_mode
+    name = getattr(m, "name", str(m))
+    if name in ("DECODE", "IDLE"):
+        if name == "IDLE":
+            return None
+        return ForwardMode.DRAFT_DECODE if getattr(fb, "spec_info", None) is not None else ForwardMode.DECODE
+    return {"TARGET_VERIFY": ForwardMode.TARGET_VERIFY, "DRAFT_EXTEND": ForwardMode.DRAFT_EXTEND,
+            "DRAFT_EXTEND_V2": ForwardMode.DRAFT_EXTEND, "EXTEND": ForwardMode.EXTEND,
+            "MIXED": ForwardMode.EXTEND}.get(name)
+
+
+def _pad(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """`t` as a static buffer of n entries holds it after replay's zero-then-copy."""
+    if t is None:
+        return None
+    t = t.reshape(-1)
+    if t.shape[0] >= n:
+        return t[:n]
+    out = torch.zeros(n, dtype=t.dtype, device=t.device)
+    out[: t.shape[0]] = t
+    return out
+
+
+@dataclass
+class _Pending:
+    """A step whose copies may still be in flight."""
+
+    step_kw: dict[str, Any]
+    arrays: list[tuple[str, torch.Tensor, str, tuple[int, ...], int]]  # name, host copy, dtype, full shape, ptr
+    spans: list[tuple[str, str, Any, Any]]
+    event: Any = None
+    errors: list[Any] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    backend_id: int = 0
+    hold: bool = False  # a verify waits for the plan-stream fix-up hook (or the next prep) before it is written
+    await_accept: bool = False  # ... and for the draft extend that carries its accept lengths
+    accept_from: _Pending | None = None  # that draft extend
+
+
+class SglangTracer:
+    """Turns the instrumented backends' prep calls into steps of one trace (in-process TraceWriter)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, overwrite: bool = False, sglang_version: str | None = None,
+                 config: dict[str, Any] | None = None, command: str | None = None) -> None:
+        dev = "cpu"
+        cap = None
+        if torch.cuda.is_available():
+            dev = torch.cuda.get_device_name()
+            cap = "{}.{}".format(*torch.cuda.get_device_capability())
+        versions = {"python": platform.python_version(), "torch": torch.__version__,
+                    "sglang": sglang_version or _installed_sglang_version()}
+        try:
+            from importlib.metadata import version
+
+            versions["specscope"] = version("specscope")
+        except Exception:  # noqa: BLE001 - a source checkout without metadata
+            versions["specscope"] = "unknown"
+        run = RunInfo(
+            command=command or " ".join(sys.argv), config=dict(config or {}, source="sglang"),
+            target_model=os.environ.get("SPECSCOPE_TARGET_MODEL", "sglang"),
+            draft_model=os.environ.get("SPECSCOPE_DRAFT_MODEL"), device=dev, device_capability=cap,
+            attention_kernel="sglang trtllm_mha", versions=versions, git_commit=None, start_ns=time.time_ns(),
+            hostname=socket.gethostname())
+        self.writer = TraceWriter(path, run, overwrite=overwrite)
+        self.path = os.fspath(path)
+        self._lock = threading.RLock()
+        self._next = 0
+        self._pending: list[_Pending] = []
+        self._frozen: dict[tuple[int, str, int], int] = {}  # (backend id, mode, bs) -> q len frozen at capture
+        self._capture_tokens: dict[tuple[int, str, int], int] = {}  # 0.5.12 replays: tokens per request
+        self._iteration = 0
+        self._last_mode: ForwardMode | None = None
+        self._compute_stream: Any = None
+        self._slot_gen: dict[int, tuple[int, int | None]] = {}  # req slot -> (generation, last committed length)
+        self.closed = False
+        _ACTIVE.append(self)
+
+    # ---- prep calls --------------------------------------------------------------------------------------
+    def record_prep(self, backend: Any, prep: _Prep, start_ns: int, gpu_start: Any,
+                    error: BaseException | None) -> None:
+        """One finished prep call of `backend` (successful or not)."""
+        with self._lock:
+            self._finish_held(backend)
+            mode = _mode_of(prep.fb)
+            if mode is None:
+                return
+            p = self._build(backend, mode, prep, start_ns, gpu_start, error)
+            if mode == ForwardMode.DRAFT_EXTEND and any(a[0] == "accept_lens" for a in p.arrays):
+                # Spec v2: the draft extend after a verify carries that verify's accept lengths.
+                for q in self._pending:
+                    if q.await_accept:
+                        q.accept_from, q.await_accept, q.hold = p, False, False
+            self._pending.append(p)
+            self._write_ready()
+
+    def record_fixup(self, backend: Any, spec_info: Any, error: BaseException | None) -> None:
+        """The plan-stream fix-up hook ran for the verify `backend` just prepared (or raised)."""
+        with self._lock:
+            held = [p for p in self._pending if p.hold and p.backend_id == id(backend)]
+            if not held:
+                return
+            p = held[-1]
+            p.step_kw["scalars"].update(plan_stream=1, fixup_hook_ok=int(error is None))
+            if error is not None:
+                p.errors.append(_call_error(FIXUP, error))
+            else:
+                tok = getattr(spec_info, "draft_token", None)
+                if isinstance(tok, torch.Tensor):  # final now: the hook runs after the compute stream's wait
+                    self._add_draft_tokens(p, tok)
+            p.hold = False
+            if error is not None:
+                p.await_accept = False  # nothing after this: SGLang raises
+            self._write_ready()
+            if error is not None:
+                self.flush()  # the server is about to die of this exception: keep the evidence
+
+    def _finish_held(self, backend: Any) -> None:
+        # The backend prepares its next forward: whatever its held verify was waiting for will not come.
+        for p in self._pending:
+            if p.backend_id == id(backend):
+                p.hold = p.await_accept = False
+
+    def _build(self, be: Any, mode: ForwardMode, prep: _Prep, start_ns: int, gpu_start: Any,
+               error: BaseException | None) -> _Pending:
+        fb, md = prep.fb, getattr(be, "forward_metadata", None)
+        live = _LIVE.get()
+        wrapper = _WRAPPER.get()
+        bs = int(fb.batch_size)
+        P = int(be.page_size)
+        key = (id(be), mode.value, bs)
+        # T: tokens per request of this forward, from what the call was given.
+        if mode in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE):
+            T = 1
+        elif mode == ForwardMode.EXTEND:
+            ext = getattr(fb, "extend_seq_lens_cpu", None)
+            T = int(max(ext)) if ext is not None and len(ext) else 1
+        elif mode == ForwardMode.DRAFT_EXTEND and getattr(fb.spec_info, "num_tokens_per_req", -1) > 0:
+            T = int(fb.spec_info.num_tokens_per_req)
+        elif prep.num_tokens is not None:
+            T = prep.num_tokens // bs
+        elif prep.phase == GraphPhase.REPLAY and key in self._capture_tokens:
+            T = self._capture_tokens[key]
+        else:
+            ids = getattr(fb, "input_ids", None)
+            T = int(ids.shape[0]) // bs if ids is not None and prep.phase != GraphPhase.REPLAY else 1
+            if ids is not None and prep.phase == GraphPhase.REPLAY:
+                T = max(1, int(ids.shape[0]) // bs)
+        if prep.phase == GraphPhase.CAPTURE:
+            self._capture_tokens[key] = T
+        # Live rows: a replay's out_cache_loc (or live batch) is unpadded.
+        raw_bs = bs
+        src = live if live is not None else fb
+        loc = getattr(src, "out_cache_loc", None)
+        n_steps = getattr(wrapper, "speculative_num_steps", None)
+        if prep.phase == GraphPhase.REPLAY:
+            if live is not None:
+                raw_bs = int(live.batch_size)
+            elif loc is not None and mode == ForwardMode.DRAFT_DECODE and n_steps:
+                raw_bs = int(loc.numel()) // n_steps
+            elif loc is not None and mode == ForwardMode.DRAFT_EXTEND and getattr(fb, "input_ids", None) is not None:
+                raw_bs = int(fb.input_ids.shape[0]) // max(T, 1)
+            elif loc is not None and mode != ForwardMode.EXTEND:
+                raw_bs = int(loc.numel()) // max(T, 1)
+            raw_bs = max(1, min(raw_bs, bs))
+        step_id = int(be.speculative_step_id) if mode == ForwardMode.DRAFT_DECODE else None
+        seq = fb.seq_lens[:bs]
+        seq_cpu = fb.seq_lens_cpu[:bs] if getattr(fb, "seq_lens_cpu", None) is not None else seq.cpu()
+        rpi = fb.req_pool_indices[:bs]
+        # Positions and KV write slots of the tokens the kernels run.
+        n_tok = bs * T if mode != ForwardMode.EXTEND else None
+        pos = getattr(src, "positions", None)
+        if pos is None and getattr(fb, "spec_info", None) is not None:
+            pos = getattr(fb.spec_info, "positions", None)
+        if mode == ForwardMode.DRAFT_DECODE:
+            if loc is not None and n_steps and loc.numel() == raw_bs * n_steps:
+                loc = loc.reshape(raw_bs, n_steps)[:, step_id]
+            elif loc is not None and loc.numel() != raw_bs:
+                loc = None
+            if pos is not None:
+                pos = pos.reshape(-1)[:raw_bs] + step_id
+        if n_tok is not None:
+            pos = _pad(pos, n_tok) if pos is not None and pos.numel() <= n_tok else None
+            loc = _pad(loc, n_tok) if loc is not None and loc.numel() <= n_tok else None
+        if mode == ForwardMode.DRAFT_DECODE and pos is not None and raw_bs < bs:
+            pos[raw_bs:] = 0
+        scalars: dict[str, int] = {
+            "seq_len_fill_value": int(be.get_cuda_graph_seq_len_fill_value()),
+            "backend_num_draft_tokens": int(be.speculative_num_draft_tokens or 1),
+            "max_context_len": int(be.max_context_len), "speculative_step_id": int(be.speculative_step_id),
+            "seq_lens_cpu_max": int(seq_cpu.max()) if seq_cpu.numel() else 0}
+        arrays: list[tuple[str, torch.Tensor]] = []
+        if md is not None and getattr(md, "cache_seqlens_int32", None) is not None:
+            scalars.update(max_seq_len_q=int(md.max_seq_len_q), max_seq_len_k=int(md.max_seq_len_k))
+            if prep.phase == GraphPhase.CAPTURE:
+                self._frozen[key] = int(md.max_seq_len_q)
+            frozen = self._frozen.get(key) if prep.phase == GraphPhase.REPLAY else None
+            if prep.phase == GraphPhase.CAPTURE:
+                frozen = int(md.max_seq_len_q)
+            scalars["kernel_q_len"] = frozen if frozen is not None else int(md.max_seq_len_q)
+            if frozen is not None:
+                scalars["captured_max_seq_len_q"] = frozen
+            for name, attr in (("cache_seqlens", "cache_seqlens_int32"), ("cu_seqlens_q", "cu_seqlens_q"),
+                               ("cu_seqlens_k", "cu_seqlens_k"), ("page_table", "page_table")):
+                t = getattr(md, attr, None)
+                if t is not None:
+                    arrays.append((name, t))
+        width = -(-int(scalars.get("max_seq_len_k", 0)) // P)
+        arrays += [("seq_lens", seq), ("seq_lens_cpu", seq_cpu), ("req_pool_indices", rpi)]
+        if pos is not None:
+            arrays.append(("positions", pos))
+        if loc is not None:
+            arrays.append(("out_cache_loc", loc))
+        r2t = be.req_to_token
+        cols = torch.arange(0, width * P, P, device=r2t.device)
+        arrays.append(("req_to_token_page_starts", r2t[rpi.to(r2t.device).long()[:, None], cols[None, :]]))
+        spec = getattr(src, "spec_info", None) or getattr(fb, "spec_info", None)
+        tok = getattr(spec, "draft_token", None) if mode == ForwardMode.TARGET_VERIFY else None
+        acc = getattr(spec, "num_accept_tokens", None) if mode == ForwardMode.DRAFT_EXTEND else None
+        if isinstance(acc, torch.Tensor):
+            arrays.append(("accept_lens", acc.reshape(-1)[:raw_bs]))
+        p = self._snapshot(arrays, crop={"page_table": width, "req_to_token_page_starts": width})
+        if mode in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND) and \
+                self._last_mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.DECODE) and \
+                prep.phase != GraphPhase.CAPTURE and (mode != ForwardMode.DRAFT_DECODE or step_id == 0):
+            self._iteration += 1
+        if prep.phase != GraphPhase.CAPTURE:
+            self._last_mode = mode
+        model = getattr(be, "_specscope_model", "draft" if mode in (ForwardMode.DRAFT_DECODE,
+                                                                     ForwardMode.DRAFT_EXTEND) else "target")
+        p.step_kw = dict(
+            iteration=-1 if prep.phase == GraphPhase.CAPTURE else self._iteration, mode=mode, model=model,
+            step_id=step_id, batch_size=raw_bs, padded_batch_size=bs, graph=prep.phase, tokens_per_request=T,
+            num_draft_tokens=scalars["backend_num_draft_tokens"], page_size=P, start_ns=start_ns,
+            end_ns=time.perf_counter_ns(), scalars=scalars)
+        # A capture runs on fill values, not requests: like the engine's capture steps it has no request rows.
+        p.requests = [] if prep.phase == GraphPhase.CAPTURE else self._requests(mode, raw_bs, T, seq_cpu, rpi, fb,
+                                                                                   model)
+        if isinstance(tok, torch.Tensor) and prep.phase != GraphPhase.CAPTURE:
+            self._add_draft_tokens(p, tok)
+        p.spans.append(("host", "metadata", start_ns, p.step_kw["end_ns"]))
+        if gpu_start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            stream = torch.cuda.current_stream()
+            end.record(stream)
+            if mode == ForwardMode.DRAFT_DECODE and self._compute_stream is None:
+                self._compute_stream = stream
+            name = "compute" if self._compute_stream is None or stream == self._compute_stream else "plan"
+            p.spans.append((name, "metadata", gpu_start, end))
+        if error is not None:
+            p.errors.append(_call_error(getattr(error, "_specscope_call", "init_forward_metadata"), error))
+        p.backend_id = id(be)
+        p.hold = mode == ForwardMode.TARGET_VERIFY and prep.phase != GraphPhase.CAPTURE and error is None
+        p.await_accept = p.hold
+        return p
+
+    def _request_id(self, slot: int, mode: ForwardMode, model: str, before: int, rid: Any) -> int:
+        """A stable id per request: SGLang's rid when the batch carries it, else the req slot plus a generation
+        that starts anew when the target prefills the slot from a length it never committed (a new request)."""
+        if isinstance(rid, str):
+            return zlib.crc32(rid.encode()) & 0x7FFFFFFF
+        gen, _ = self._slot_gen.get(slot, (0, None))
+        last = self._slot_gen.get(slot, (0, None))[1]
+        if mode == ForwardMode.EXTEND and model == "target" and (last is None or before != last):
+            gen += 1
+        self._slot_gen[slot] = (gen, last)
+        return slot * 1_000_000 + gen
+
+    def _requests(self, mode: ForwardMode, raw_bs: int, T: int, seq_cpu: torch.Tensor, rpi: torch.Tensor,
+                  fb: Any, model: str) -> list[dict[str, Any]]:
+        seq = seq_cpu[:raw_bs].tolist()
+        slots = rpi[:raw_bs].tolist() if rpi.device.type == "cpu" else None
+        out = []
+        ext = getattr(fb, "extend_seq_lens_cpu", None)
+        rids = getattr(fb, "rids", None)
+        rids = list(rids) if isinstance(rids, (list, tuple)) and len(rids) >= raw_bs else [None] * raw_bs
+        for b in range(raw_bs):
+            s = int(seq[b])
+            if mode == ForwardMode.DECODE:
+                before, after, q = s - 1, s, 1
+            elif mode == ForwardMode.DRAFT_DECODE:
+                before, after, q = s, s, 1
+            elif mode == ForwardMode.TARGET_VERIFY:
+                before, after, q = s, s, T
+            elif mode == ForwardMode.DRAFT_EXTEND:
+                before, after, q = s - T, s, T
+            else:
+                q = int(ext[b]) if ext is not None else s
+                before, after = s - q, s
+            slot = int(slots[b]) if slots is not None else b
+            rid = self._request_id(slot, mode, model, before, rids[b])
+            if mode in (ForwardMode.EXTEND, ForwardMode.DECODE) and model == "target":
+                self._slot_gen[slot] = (self._slot_gen[slot][0], after)
+            out.append(dict(request_id=rid, slot=slot, seq_len_before=before, seq_len_after=after, num_q_tokens=q))
+        return out
+
+    def _add_draft_tokens(self, p: _Pending, tok: torch.Tensor) -> None:
+        p.arrays = [a for a in p.arrays if a[0] != "draft_tokens"]
+        host = self._copy(tok.reshape(-1))
+        p.arrays.append(("draft_tokens", host, _NP.get(tok.dtype, "int64"), tuple(tok.shape), tok.data_ptr()))
+        if p.event is not None:
+            p.event.record(torch.cuda.current_stream())
+
+    # ---- copies ------------------------------------------------------------------------------------------
+    def _copy(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "cuda":
+            return t.detach().clone()
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        return host
+
+    def _snapshot(self, arrays: list[tuple[str, torch.Tensor]], crop: dict[str, int]) -> _Pending:
+        out = []
+        cuda = False
+        for name, t in arrays:
+            if t is None:
+                continue
+            src = t[:, : crop[name]] if name in crop and t.dim() == 2 else t
+            cuda = cuda or t.device.type == "cuda"
+            out.append((name, self._copy(src), _NP.get(t.dtype, str(t.dtype).replace("torch.", "")),
+                        tuple(t.shape), t.data_ptr() if t.device.type == "cuda" or t.numel() else 0))
+        ev = None
+        if cuda:
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream())
+        return _Pending(step_kw={}, arrays=out, spans=[], event=ev)
+
+    # ---- writing -----------------------------------------------------------------------------------------
+    def _ready(self, p: _Pending) -> bool:
+        if p.hold or p.await_accept:
+            return False
+        if p.accept_from is not None and p.accept_from.event is not None and not p.accept_from.event.query():
+            return False
+        if p.event is not None and not p.event.query():
+            return False
+        return all(not isinstance(s[3], torch.cuda.Event) or s[3].query() for s in p.spans)
+
+    def _write_ready(self, force: bool = False) -> None:
+        while self._pending and (force or self._ready(self._pending[0])):
+            p = self._pending.pop(0)
+            if force:
+                for ev in (p.event, getattr(p.accept_from, "event", None)):
+                    if ev is not None:
+                        ev.synchronize()
+                for s in p.spans:
+                    if isinstance(s[3], torch.cuda.Event):
+                        s[3].synchronize()
+            self.writer.write_step(self._to_step(p))
+
+    def _to_step(self, p: _Pending) -> Step:
+        arrays = tuple(ArraySnapshot(n, dt, sh, ptr, np.ascontiguousarray(h.numpy())) for n, h, dt, sh, ptr in p.arrays)
+        spans = []
+        for stream, name, a, b in p.spans:
+            if isinstance(a, torch.cuda.Event):
+                # GPU spans on the host clock: the end event's host time minus the measured duration.
+                dur = int(a.elapsed_time(b) * 1e6)
+                end = p.step_kw["end_ns"]
+                spans.append(StreamSpan(stream, name, end - dur, end))
+            else:
+                spans.append(StreamSpan(stream, name, int(a), int(b)))
+        kw = dict(p.step_kw)
+        extra: dict[str, Any] = {}
+        errors = tuple(e for e in p.errors if e is not None)
+        if errors and "errors" in Step.__dataclass_fields__:
+            extra["errors"] = errors
+        reqs = [dict(r) for r in p.requests]
+        tok = next((a for a in arrays if a.name == "draft_tokens"), None)
+        T = kw["tokens_per_request"]
+        if tok is not None and kw["mode"] == ForwardMode.TARGET_VERIFY and tok.values.size >= len(reqs) * T:
+            rows = tok.values[: len(reqs) * T].reshape(len(reqs), T)
+            for b, r in enumerate(reqs):  # the root (the last verify's bonus token) is not a draft
+                r["draft_tokens"] = tuple(int(x) for x in rows[b, 1:])
+        if kw["mode"] == ForwardMode.TARGET_VERIFY:
+            got = self._accept_lens(p)
+            for r in reqs:
+                n = got.get(r["slot"])
+                if n is not None:
+                    r["accept_length"], r["seq_len_after"] = n, r["seq_len_before"] + n
+                    gen = self._slot_gen.get(r["slot"], (0, None))[0]
+                    self._slot_gen[r["slot"]] = (gen, r["seq_len_after"])
+            kw["scalars"] = dict(kw["scalars"], acceptance_recorded=int(bool(reqs) and all(r["slot"] in got
+                                                                                           for r in reqs)))
+        step = Step(index=self._next, requests=tuple(RequestState(**r) for r in reqs), arrays=arrays,
+                    spans=tuple(spans), **kw, **extra)
+        self._next += 1
+        return step
+
+    @staticmethod
+    def _accept_lens(p: _Pending) -> dict[int, int]:
+        """req slot -> accept length, from the draft extend that followed verify `p` (empty if none did)."""
+        de = p.accept_from
+        if de is None:
+            return {}
+        arr = {n: h for n, h, *_ in de.arrays}
+        acc, rpi = arr.get("accept_lens"), arr.get("req_pool_indices")
+        if acc is None or rpi is None:
+            return {}
+        return {int(s): int(n) for s, n in zip(rpi.tolist(), acc.tolist(), strict=False)}
+
+    def flush(self) -> None:
+        """Write every pending step (waits for its copies) and commit."""
+        with self._lock:
+            for p in self._pending:
+                p.hold = p.await_accept = False
+            self._write_ready(force=True)
+            self.writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the trace; the patched classes stop recording into it."""
+        if self.closed:
+            return
+        self.flush()
+        self.writer.close()
+        self.closed = True
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+
+
+_WARNED: list[str] = []
+
+
+def _safely(fn: Callable[[], None]) -> None:
+    """Run a recording step; a failure there is reported once on stderr and never reaches SGLang."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the server must not die of its debugger
+        if os.environ.get("SPECSCOPE_DEBUG"):
+            raise
+        msg = f"{type(e).__name__}: {e}"
+        if msg not in _WARNED:
+            _WARNED.append(msg)
+            print(f"specscope: warning: sglang recording failed ({' '.join(msg.split())})", file=sys.stderr)
+
+
+def _call_error(call: str, e: BaseException) -> Any:
+    ce = getattr(S, "CallError", None)
+    if ce is None:
+        return None
+    return ce(call=call, error_type=type(e).__name__, message=str(e))
+
+
+def _installed_sglang_version() -> str:
+    mod = sys.modules.get("sglang.version")
+    if mod is not None and hasattr(mod, "__version__"):
+        return str(mod.__version__)
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        return "unknown"
+
+
+# ---- patching ---------------------------------------------------------------------------------------------
+def _timed(tr: SglangTracer | None) -> tuple[int, Any]:
+    start = time.perf_counter_ns()
+    ev = None
+    if tr is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(torch.cuda.current_stream())
+    return start, ev
+
+
+def _recording(method: str, to_prep: Callable[..., _Prep]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wrap a prep method: call it unchanged, then record what it prepared (also when it raised)."""
+
+    def deco(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            tr = active_tracer()
+            if tr is None or _IN_PREP.get():
+                return orig(self, *args, **kwargs)
+            start, ev = _timed(tr)
+            tok = _IN_PREP.set(True)  # a prep calling another prep (capture -> apply) is one step
+            try:
+                out = orig(self, *args, **kwargs)
+            except BaseException as e:
+                e._specscope_call = method  # type: ignore[attr-defined]
+                _IN_PREP.reset(tok)
+                _safely(lambda err=e: tr.record_prep(self, to_prep(self, *args, **kwargs), start, ev, err))
+                raise
+            _IN_PREP.reset(tok)
+            _safely(lambda: tr.record_prep(self, to_prep(self, *args, **kwargs), start, ev, None))
+            return out
+
+        wrapper._specscope_original = orig  # type: ignore[attr-defined]
+        return wrapper
+
+    return deco
+
+
+def _eager(self: Any, fb: Any) -> _Prep:
+    return _Prep(GraphPhase.EAGER, fb)
+
+
+def _out_graph(self: Any, fb: Any, in_capture: bool = False) -> _Prep:
+    n = int(fb.positions.numel()) if in_capture and getattr(fb, "positions", None) is not None else None
+    return _Prep(GraphPhase.CAPTURE if in_capture else GraphPhase.REPLAY, fb, n, in_capture)
+
+
+class _Args:
+    """A ForwardBatch-like view of 0.5.12's capture/replay arguments."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+def _capture_012(self: Any, bs: int, num_tokens: int, req_pool_indices: Any, seq_lens: Any, encoder_lens: Any,
+                 forward_mode: Any, spec_info: Any) -> _Prep:
+    live = _LIVE.get()
+    fb = _Args(batch_size=bs, req_pool_indices=req_pool_indices, seq_lens=seq_lens, seq_lens_cpu=seq_lens.cpu(),
+               forward_mode=forward_mode, spec_info=spec_info, input_ids=None,
+               positions=getattr(live, "positions", None), out_cache_loc=getattr(live, "out_cache_loc", None))
+    return _Prep(GraphPhase.CAPTURE, fb, num_tokens, True)
+
+
+def _replay_012(self: Any, bs: int, req_pool_indices: Any, seq_lens: Any, seq_lens_sum: Any, encoder_lens: Any,
+                forward_mode: Any, spec_info: Any, seq_lens_cpu: Any = None) -> _Prep:
+    fb = _Args(batch_size=bs, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
+               seq_lens_cpu=seq_lens_cpu if seq_lens_cpu is not None else seq_lens.cpu(), forward_mode=forward_mode,
+               spec_info=spec_info, input_ids=None, positions=None, out_cache_loc=None)
+    return _Prep(GraphPhase.REPLAY, fb)
+
+
+_PREPS = {"init_forward_metadata": _eager, "init_forward_metadata_out_graph": _out_graph,
+          "init_forward_metadata_capture_cuda_graph": _capture_012,
+          "init_forward_metadata_replay_cuda_graph": _replay_012}
+
+
+def _patch_backend(cls: type) -> None:
+    if "_specscope_patched" in cls.__dict__:
+        return
+    saved: dict[str, Any] = {}
+    orig_init = cls.__init__
+
+    @functools.wraps(orig_init)
+    def __init__(self: Any, model_runner: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(self, model_runner, *args, **kwargs)
+        self._specscope_model = "draft" if getattr(model_runner, "is_draft_worker", False) else "target"
+
+    saved["__init__"] = cls.__dict__.get("__init__")
+    cls.__init__ = __init__
+    for name, to_prep in _PREPS.items():
+        if name in cls.__dict__:
+            saved[name] = cls.__dict__[name]
+            setattr(cls, name, _recording(name, to_prep)(cls.__dict__[name]))
+    # The fix-up hook: wrap whatever the class resolves it to (its own, or the base class's raising default).
+    hook = getattr(cls, FIXUP, None)
+    saved[FIXUP] = cls.__dict__.get(FIXUP)
+    if hook is not None:
+
+        @functools.wraps(hook)
+        def fixup(self: Any, spec_info: Any, cuda_graph_bs: Any) -> Any:
+            tr = active_tracer()
+            try:
+                out = hook(self, spec_info, cuda_graph_bs)
+            except BaseException as e:
+                if tr is not None:
+                    _safely(lambda err=e: tr.record_fixup(self, spec_info, err))
+                raise
+            if tr is not None:
+                _safely(lambda: tr.record_fixup(self, spec_info, None))
+            return out
+
+        setattr(cls, FIXUP, fixup)
+    cls._specscope_patched = saved
+
+
+def _patch_wrapper(cls: type) -> None:
+    """The multi-step draft wrapper: its fan-out calls are recorded by the step backends; the wrapper only tells
+    them which live batch and how many draft steps they serve."""
+    if "_specscope_patched" in cls.__dict__:
+        return
+    saved: dict[str, Any] = {}
+    for name in _WRAPPER_METHODS:
+        if name not in cls.__dict__:
+            continue
+        orig = cls.__dict__[name]
+        saved[name] = orig
+
+        def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(orig)
+            def wrapper(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+                t1 = _WRAPPER.set(self)
+                t2 = _LIVE.set(_LIVE.get() or forward_batch)
+                try:
+                    return orig(self, forward_batch, *args, **kwargs)
+                finally:
+                    _LIVE.reset(t2)
+                    _WRAPPER.reset(t1)
+
+            return wrapper
+
+        setattr(cls, name, make(orig))
+    cls._specscope_patched = saved
+
+
+def instrument(module: Any, tracer: SglangTracer | None = None) -> None:
+    """Patch `TRTLLMHAAttnBackend` and `TRTLLMHAAttnMultiStepDraftBackend` of a loaded trtllm_mha_backend module
+    (idempotent). Patched classes record into the active tracer (`tracer`, or the last one opened); with none
+    they run unchanged."""
+    _patch_backend(module.TRTLLMHAAttnBackend)
+    _patch_wrapper(module.TRTLLMHAAttnMultiStepDraftBackend)
+    if tracer is not None and tracer in _ACTIVE:
+        _ACTIVE.remove(tracer)
+        _ACTIVE.append(tracer)
+
+
+def instrument_class(cls: type) -> None:
+    """Patch one backend class (e.g. a subclass that overrides the fix-up hook); idempotent."""
+    _patch_backend(cls)
+
+
+def uninstrument(module: Any) -> None:
+    """Restore the classes' original methods."""
+    for cls in (module.TRTLLMHAAttnBackend, module.TRTLLMHAAttnMultiStepDraftBackend):
+        saved = cls.__dict__.get("_specscope_patched")
+        if saved is None:
+            continue
+        for name, orig in saved.items():
+            if orig is None:
+                if name in cls.__dict__:
+                    delattr(cls, name)
+            else:
+                setattr(cls, name, orig)
+        delattr(cls, "_specscope_patched")
