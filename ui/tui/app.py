@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -156,7 +157,8 @@ class SpecscopeApp(App[int]):
                  auto_check: bool = True, start: int | None = None) -> None:
         super().__init__()
         self.path = path
-        self.source = TraceSource(path)
+        self.abs_path = os.path.abspath(path)
+        self.source = TraceSource(self.abs_path, display=path)
         self.controller = controller
         self.follow = (not self.source.is_closed()) if follow is None else follow
         self.current = 0
@@ -203,11 +205,18 @@ class SpecscopeApp(App[int]):
                   "violations": "violations by invariant", "chain": "draft chain", "accept": "acceptance by position"}
         for wid, title in titles.items():
             self.query_one(f"#{wid}").border_title = title
+        # Kept, not queried: a modal screen on top would hide them from `query_one`.
+        self._steps, self._detail = self.query_one(StepList), self.query_one(DetailPanel)
+        self._requests, self._grid_w = self.query_one(RequestsTable), self.query_one(PageGrid)
+        self._timeline, self._chain = self.query_one(Timeline), self.query_one(ChainPanel)
+        self._accept, self._violations = self.query_one(AcceptPanel), self.query_one(ViolationsPanel)
+        self._statusbar = self.query_one("#status", TextPane)
+        self._main_screen = self.screen
         self._layout_classes(self.size.width)
         self.loader.start()
         n = self.source.num_steps()
         first = self._start if self._start is not None else (n - 1 if self.follow and n else 0)
-        self.query_one(StepList).focus()
+        self._steps.focus()
         if n:
             self.move_to(first)
         else:
@@ -221,8 +230,9 @@ class SpecscopeApp(App[int]):
         self._layout_classes(event.size.width)
 
     def _layout_classes(self, width: int) -> None:
-        self.screen.set_class(width >= 120, "-wide")
-        self.screen.set_class(width >= 170, "-huge")
+        scr = getattr(self, "_main_screen", self.screen)
+        scr.set_class(width >= 120, "-wide")
+        scr.set_class(width >= 170, "-huge")
 
     # -- the current step --------------------------------------------------------------------------
 
@@ -234,7 +244,7 @@ class SpecscopeApp(App[int]):
         i = max(0, min(n - 1, int(i)))
         self._tail = i == n - 1
         self.current = i
-        self.query_one(StepList).set_cursor(i)
+        self._steps.set_cursor(i)
         self._show(i, cell, violation)
 
     def _grid(self, st: Step) -> m.Grid | None:
@@ -259,26 +269,26 @@ class SpecscopeApp(App[int]):
             cell = m.violation_cell(viols[0], st)
         self.highlight = cell
         capture = src.reader.capture_of(i) if st.graph.value == "replay" else None
-        self.query_one(DetailPanel).show(st, s, capture, src.run.attention_kernel, max(len(viols), s.num_violations))
+        self._detail.show(st, s, capture, src.run.attention_kernel, max(len(viols), s.num_violations))
         row = None
         if cell is not None and cell.row is not None and (cell.array == "request" or cell.array not in (
                 "page_table", "cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "req_to_token_page_starts")):
             row = cell.row
-        self.query_one(RequestsTable).show(st, src.byte_level, row)
-        self.query_one(PageGrid).show(self._grid(st), cell)
-        self.query_one(Timeline).show(i)
+        self._requests.show(st, src.byte_level, row)
+        self._grid_w.show(self._grid(st), cell)
+        self._timeline.show(i)
         self._side(st)
         self._status()
 
     def _side(self, st: Step) -> None:
         src = self.source
-        if not self.screen.has_class("-wide") and not self.screen.has_class("-side-open"):
+        if not self._main_screen.has_class("-wide") and not self._main_screen.has_class("-side-open"):
             return  # hidden: drawn when shown
         verify = st if st.mode == ForwardMode.TARGET_VERIFY else self._verify_near(st)
-        self.query_one(ChainPanel).show(verify, src.byte_level, st.index)
+        self._chain.show(verify, src.byte_level, st.index)
         a, b = max(0, st.index - WINDOW), min(src.num_steps(), st.index + WINDOW + 1)
         hist = m.window_hist(src.reader.iter_summaries(a, b, StepFilter(mode="TARGET_VERIFY")))
-        self.query_one(AcceptPanel).show(self.run_hist, hist, (a, b - 1))
+        self._accept.show(self.run_hist, hist, (a, b - 1))
         self._fill_violations()
 
     def _verify_near(self, st: Step) -> Step | None:
@@ -293,14 +303,14 @@ class SpecscopeApp(App[int]):
         if vi.version != self._viol_version:
             self._viol_version = vi.version
             descriptions = {k: inv.description for k, inv in BY_ID.items()}
-            self.query_one(ViolationsPanel).fill(vi.groups(), vi.version, descriptions, self.current)
+            self._violations.fill(vi.groups(), vi.version, descriptions, self.current)
 
     def _status(self) -> None:
         src = self.source
         n = src.num_steps()
         t = Text()
         t.append("specscope ", style="bold")
-        t.append(f"{src.path}  ")
+        t.append(f"{src.display}  ")
         t.append(f"step {self.current}/{max(0, n - 1)}  ", style="bold")
         nv = src.violations.total()
         if src.loading_violations:
@@ -323,7 +333,7 @@ class SpecscopeApp(App[int]):
             t.append(f"  {self.loader.error}", style="red")
         if self.message:
             t.append(f"  {self.message}", style="italic")
-        self.query_one("#status", TextPane).update(t)
+        self._statusbar.update(t)
 
     def notify_line(self, text: str) -> None:
         """A one-line message in the status bar (kept until the next one)."""
@@ -337,14 +347,14 @@ class SpecscopeApp(App[int]):
         if self.follow or self.controller is not None:
             grew = src.refresh()
             if grew:
-                self.query_one(StepList).sync_size()
+                self._steps.sync_size()
                 if self._tail and (self.controller is None or self.controller.follow_tail()):
                     self.move_to(src.num_steps() - 1)
         if self.run_hist is None and not src.loading_violations:
             self.run_hist = src.reader.accept_histogram()
         if src.violations.version != self._viol_version:
-            self.query_one(StepList).refresh()
-            if self.screen.has_class("-wide") or self.screen.has_class("-side-open"):
+            self._steps.refresh()
+            if self._main_screen.has_class("-wide") or self._main_screen.has_class("-side-open"):
                 self._fill_violations()
         self._status()
 
@@ -357,7 +367,7 @@ class SpecscopeApp(App[int]):
         self._viol_version = -1
         if self.source.num_steps():
             self.move_to(self.current, self.highlight)
-        self.query_one(StepList).refresh()
+        self._steps.refresh()
 
     async def _sleep(self, s: float) -> None:
         import asyncio
@@ -497,21 +507,21 @@ class SpecscopeApp(App[int]):
 
     def action_toggle_side(self) -> None:
         """Swap the side column (violations, draft chain, acceptance) in on narrow terminals."""
-        self.screen.toggle_class("-side-open")
+        self._main_screen.toggle_class("-side-open")
         if self.source.num_steps():
             self._side(self.source.step(self.current))
 
     def action_grid_zoom_in(self) -> None:
         """Page grid: fewer pages per character."""
-        self.query_one(PageGrid).action_zoom(-1)
+        self._grid_w.action_zoom(-1)
 
     def action_grid_zoom_out(self) -> None:
         """Page grid: more pages per character."""
-        self.query_one(PageGrid).action_zoom(1)
+        self._grid_w.action_zoom(1)
 
     def action_grid_fit(self) -> None:
         """Page grid: fit the pane."""
-        self.query_one(PageGrid).action_fit()
+        self._grid_w.action_fit()
 
     def action_check(self) -> None:
         """Check the steps the trace has no verdicts for (in the background)."""
@@ -527,7 +537,7 @@ class SpecscopeApp(App[int]):
         """Export the window around the current step as a bug-report bundle, when this build has it."""
         from .export import export_window
 
-        self.notify_line(export_window(self.path, self.current, self.source.num_steps()))
+        self.notify_line(export_window(self.abs_path, self.current, self.source.num_steps()))
 
     def action_help(self) -> None:
         """The help screen."""
@@ -553,7 +563,7 @@ class SpecscopeApp(App[int]):
     def on_live_paused(self, index: int, reason: str) -> None:
         """The run paused after step `index`: show that step (it is committed) and say why."""
         self.source.refresh()
-        self.query_one(StepList).sync_size()
+        self._steps.sync_size()
         self.move_to(index)
         self.notify_line(reason)
 
@@ -601,7 +611,7 @@ class SpecscopeApp(App[int]):
         """Every action, with its key, in the Ctrl+P palette (plus Textual's own: theme, screenshot, keys)."""
         acts = ACTIONS + (LIVE_ACTIONS if self.controller is not None else [])
         for aid, key, title, what in acts:
-            yield SystemCommand(f"{title}  [{key}]", what, self._palette_callback(aid))
+            yield SystemCommand(f"{title}  ({key})", what, self._palette_callback(aid))
         for cmd in super().get_system_commands(screen):
             if cmd.title != "Quit":
                 yield cmd

@@ -88,8 +88,9 @@ def _id_key(check_id: str) -> tuple[str, int]:
 class TraceSource:
     """Cached, bounded access to one trace for the UI thread."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, display: str | None = None) -> None:
         self.path = path
+        self.display = path if display is None else display  # the name the status line shows
         self.reader = TraceReader(path)
         self.run = self.reader.run
         self.byte_level = is_byte_level(self.run)

@@ -8,6 +8,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from specscope.tracer.schema import ForwardMode, SpanRow, Step, StepSummary, Violation
+from textual import events
 from textual.binding import Binding
 from textual.geometry import Size
 from textual.message import Message
@@ -74,6 +75,8 @@ class StepList(ScrollView, can_focus=True):
         Binding("k,up", "app.prev_step", "prev", show=False),
         Binding("pagedown", "page(1)", show=False),
         Binding("pageup", "page(-1)", show=False),
+        Binding("home", "app.first_step", show=False),
+        Binding("end", "app.last_step", show=False),
     ]
 
     class Picked(Message):
@@ -132,11 +135,11 @@ class StepList(ScrollView, can_focus=True):
             style = style + _S_CURSOR
         return Strip([Segment(text, style)], width)
 
-    def on_click(self, event: object) -> None:
+    def on_click(self, event: events.Click) -> None:
         """Pick the clicked row."""
-        y = getattr(event, "y", 0)
-        if y >= 1:
-            i = int(self.scroll_offset.y) + y - 1
+        off = event.get_content_offset(self)
+        if off is not None and off.y >= 1:
+            i = int(self.scroll_offset.y) + off.y - 1
             if 0 <= i < self.source.num_steps():
                 self.post_message(self.Picked(i))
 

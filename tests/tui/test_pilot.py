@@ -1,0 +1,270 @@
+"""The offline TUI under Textual's pilot, on the sample traces: moving, searching, jumping, the palette."""
+
+from __future__ import annotations
+
+import pytest
+from specscope.tracer.checks import check_steps
+from specscope.tracer.query import StepFilter
+from specscope.tracer.store import TraceReader
+from specscope.ui.tui import model as m
+from specscope.ui.tui.app import ACTIONS, Accelerator, SpecscopeApp
+from specscope.ui.tui.widgets import PageGrid, RequestsTable, StepList
+
+
+class FakeClock:
+    """A clock the test advances, so held-key timing is exact."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _screen_text(app: SpecscopeApp) -> str:
+    """Everything on screen as plain text (what a user reads)."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+async def _open(path: str, size: tuple[int, int] = (120, 40)):
+    app = SpecscopeApp(path)
+    return app, app.run_test(size=size)
+
+
+@pytest.mark.anyio
+async def test_step_keys_move_one_step_and_iteration_keys_jump(clean_trace: str) -> None:
+    app = SpecscopeApp(clean_trace)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.ready()
+        app.accel.window = 0  # every press a lone press
+        await pilot.press("right_square_bracket", "right_square_bracket", "right_square_bracket")
+        assert app.current == 3
+        await pilot.press("left_square_bracket")
+        assert app.current == 2
+        await pilot.press("right_curly_bracket")
+        with TraceReader(clean_trace) as r:
+            it = r.summary(2).iteration
+            expect = next(s.index for s in r.iter_summaries(3) if s.iteration != it)
+        assert app.current == expect
+        await pilot.press("left_curly_bracket")
+        assert app.source.summary(app.current).iteration != app.source.summary(expect).iteration or app.current == 0
+        await pilot.press("end")
+        assert app.current == app.source.num_steps() - 1
+        await pilot.press("home")
+        assert app.current == 0
+        # j / k move the step list's cursor when it has the focus
+        await pilot.press("j", "j", "k")
+        assert app.current == 1
+        assert app.query_one(StepList).cursor == 1
+
+
+def test_held_key_accelerates_and_a_lone_press_does_not() -> None:
+    clock = FakeClock()
+    acc = Accelerator(window=0.1, clock=clock)
+    strides = []
+    for _ in range(60):  # a held key: repeats every 33 ms
+        strides.append(acc.stride("]"))
+        clock.t += 0.033
+    assert strides[0] == 1 and strides[:3] == [1, 1, 1]
+    assert strides == sorted(strides) and strides[-1] > 10
+    clock.t += 0.5  # released, then pressed again
+    assert acc.stride("]") == 1
+    assert acc.stride("[") == 1  # another key starts over
+
+
+@pytest.mark.anyio
+async def test_held_key_moves_further_than_the_presses(clean_trace: str) -> None:
+    app = SpecscopeApp(clean_trace)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await app.ready()
+        clock = FakeClock()
+        app.accel = Accelerator(window=0.1, clock=clock)
+        for _ in range(25):
+            await pilot.press("right_square_bracket")
+            clock.t += 0.03
+        assert app.current > 25
+        moved = app.current
+        clock.t += 1.0
+        await pilot.press("left_square_bracket")
+        assert app.current == moved - 1
+
+
+@pytest.mark.anyio
+async def test_go_to_step_and_bad_input(clean_trace: str) -> None:
+    app = SpecscopeApp(clean_trace)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.ready()
+        n = app.source.num_steps()
+        await pilot.press("g")
+        await pilot.press(*str(n // 2), "enter")
+        assert app.current == n // 2
+        await pilot.press("g", "9", "9", "9", "9", "9", "enter")  # out of range: the prompt stays, says why
+        assert "no step 99999" in _screen_text(app)
+        await pilot.press("escape")
+        assert app.current == n // 2
+        assert app.goto_text("+3") is None and app.current == n // 2 + 3
+        assert app.goto_text("end") is None and app.current == n - 1
+        with TraceReader(clean_trace) as r:
+            first_it2 = r.find_steps(StepFilter(iteration=2))[0]
+        assert app.goto_text("i2") is None and app.current == first_it2
+        assert "not a step number" in app.goto_text("abc")
+
+
+@pytest.mark.anyio
+async def test_search_by_request_mode_and_condition(clean_trace: str) -> None:
+    app = SpecscopeApp(clean_trace)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.ready()
+        with TraceReader(clean_trace) as r:
+            verify = r.find_steps("verify", after=0)[0]
+            cond = "mode == TARGET_VERIFY and bs != prev.bs"
+            cond_hit = r.find_steps(cond, after=0)
+            replay = r.find_steps("replay")[0]
+        await pilot.press("slash", *"verify", "enter")
+        assert app.current == verify
+        app.move_to(0)
+        await pilot.press("slash")
+        await pilot.press(*"replay", "enter")
+        assert app.current == replay
+        app.move_to(0)
+        assert app.search_text(cond) is None
+        if cond_hit:
+            assert app.current == cond_hit[0]
+        err = app.search_text("mode === nonsense")
+        assert err and "condition" in err
+        # ctrl+n repeats the last search
+        app.move_to(0)
+        app.search_text("verify")
+        first = app.current
+        await pilot.press("ctrl+n")
+        assert app.current > first and app.source.summary(app.current).mode.value == "TARGET_VERIFY"
+
+
+@pytest.mark.anyio
+async def test_violation_jumps_highlight_the_named_cell(faulty_trace: str) -> None:
+    with TraceReader(faulty_trace) as r:
+        found = list(check_steps(r.steps()))
+    steps = sorted({v.step for v in found})
+    assert steps, "the faulty sample must have violations"
+    app = SpecscopeApp(faulty_trace)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.ready()
+        app.move_to(0)
+        first = next(s for s in steps if s > 0)
+        await pilot.press("n")
+        assert app.current == first
+        v = app.source.violations.at(first)[0]
+        cell = m.violation_cell(v, app.source.step(first))
+        assert app.highlight == cell
+        grid = app.query_one(PageGrid)
+        assert grid.highlight == cell
+        if cell is not None and cell.array == "page_table":
+            # the highlighted cell is drawn in the highlight style on screen
+            y = (cell.row or 0) + 1 - int(grid.scroll_offset.y)
+            strip = grid.render_line(y)
+            assert any(seg.style is not None and seg.style.bgcolor is not None
+                       and seg.style.bgcolor.name == "#ffff5f" for seg in strip)
+        second = next((s for s in steps if s > first), None)
+        if second is not None:
+            await pilot.press("n")
+            assert app.current == second
+            await pilot.press("N")
+            assert app.current == first
+        # picking a violation in the panel jumps to its step and cell
+        last = found[-1]
+        app.post_message(app.query_one("#violations").Jump(last))
+        await pilot.pause()
+        assert app.current == last.step
+        assert app.highlight == m.violation_cell(last, app.source.step(last.step))
+
+
+@pytest.mark.anyio
+async def test_palette_lists_every_action_and_runs_them(clean_trace: str) -> None:
+    app = SpecscopeApp(clean_trace)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.ready()
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for _, key, title, _ in ACTIONS:
+            assert any(t.startswith(title) and f"({key})" in t for t in titles), title
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.2)
+        await pilot.press(*"Next iteration")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        with TraceReader(clean_trace) as r:
+            it0 = r.summary(0).iteration
+            expect = next(s.index for s in r.iter_summaries(1) if s.iteration != it0)
+        assert app.current == expect
+
+
+@pytest.mark.anyio
+async def test_80x24_shows_detail_requests_and_grid(clean_trace: str) -> None:
+    app = SpecscopeApp(clean_trace)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await app.ready()
+        with TraceReader(clean_trace) as r:
+            i = r.find_steps("verify", after=20)[0]
+        app.move_to(i)
+        await pilot.pause()
+        text = _screen_text(app)
+        assert f"step {i}" in text and "TARGET_VERIFY" in text
+        assert "req" in text and "seq before" in text  # the request table's header
+        assert "cache_sl" in text and "cu_q" in text  # the grid with the seqlens beside it
+        table = app.query_one(RequestsTable)
+        assert table.row_count == app.source.step(i).padded_batch_size
+        # the side column swaps in with v
+        await pilot.press("v")
+        assert "violations by invariant" in _screen_text(app)
+
+
+@pytest.mark.anyio
+async def test_mouse_click_picks_a_step_and_help_opens(clean_trace: str) -> None:
+    app = SpecscopeApp(clean_trace)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.ready()
+        steps = app.query_one(StepList)
+        await pilot.click(StepList, offset=(5, 5))  # border 1, header 1: row 3
+        assert app.current == int(steps.scroll_offset.y) + 3
+        await pilot.press("question_mark")
+        assert "keys" in _screen_text(app)
+        await pilot.press("escape")
+        await pilot.press("f1")
+        assert "Next violation" in _screen_text(app)
+        await pilot.press("escape")
+
+
+@pytest.mark.anyio
+async def test_grid_zoom_keeps_the_worst_class(faulty_trace: str) -> None:
+    app = SpecscopeApp(faulty_trace)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.ready()
+        await pilot.press("n")
+        grid = app.query_one(PageGrid)
+        assert grid.grid is not None
+        g = grid.grid
+        for z in m.ZOOMS[1:]:
+            cls, _ = m.zoom_cells(g, z)
+            assert cls.min() == g.cls.min()  # zooming out never hides the worst cell
+        app.action_grid_zoom_out()
+        assert m.ZOOMS[grid.zoom] > 0
+        app.action_grid_fit()
+        assert grid.zoom == grid._fit_index()
+
+
+@pytest.mark.anyio
+async def test_export_key_reports(clean_trace: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specscope.ui.tui import export
+
+    app = SpecscopeApp(clean_trace)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.ready()
+        app.move_to(40)
+        msg = export.export_window(clean_trace, 40, app.source.num_steps(), folder=str(tmp_path))
+        if msg.startswith("export not available"):
+            return
+        assert msg.startswith("exported steps 8:73"), msg
+        assert (tmp_path / "cpu-default-steps-8-73.zip").exists()
+        monkeypatch.chdir(tmp_path)
+        await pilot.press("ctrl+e")
+        assert app.message.startswith("exported")
