@@ -149,7 +149,7 @@ class _Pending:
     spans: list[tuple[str, str, Any, Any]]
     event: Any = None
     errors: list[Any] = field(default_factory=list)
-    requests: list[dict[str, Any]] = field(default_factory=list)
+    req_args: tuple[Any, ...] | None = None  # how to build the request rows once the copies are on the host
     backend_id: int = 0
     hold: bool = False  # a verify waits for the plan-stream fix-up hook (or the next prep) before it is written
     await_accept: bool = False  # ... and for the draft extend that carries its accept lengths
@@ -243,7 +243,7 @@ class SglangTracer:
                error: BaseException | None) -> _Pending:
         fb, md = prep.fb, getattr(be, "forward_metadata", None)
         live = _LIVE.get()
-        wrapper = _WRAPPER.get()
+        wrapper, wrapper_fb = _WRAPPER.get() or (None, None)
         bs = int(fb.batch_size)
         P = int(be.page_size)
         key = (id(be), mode.value, bs)
@@ -267,11 +267,14 @@ class SglangTracer:
         if prep.phase == GraphPhase.CAPTURE:
             self._capture_tokens[key] = T
         # Live rows: a replay's out_cache_loc (or live batch) is unpadded.
-        raw_bs = bs
+        raw_bs: int | None = bs
         src = live if live is not None else fb
+        if getattr(src, "out_cache_loc", None) is None and wrapper_fb is not None:
+            src = wrapper_fb  # 0.5.12's wrapper passes its step backends bare arguments
         loc = getattr(src, "out_cache_loc", None)
         n_steps = getattr(wrapper, "speculative_num_steps", None)
         if prep.phase == GraphPhase.REPLAY:
+            raw_bs = None
             if live is not None:
                 raw_bs = int(live.batch_size)
             elif loc is not None and mode == ForwardMode.DRAFT_DECODE and n_steps:
@@ -280,7 +283,11 @@ class SglangTracer:
                 raw_bs = int(fb.input_ids.shape[0]) // max(T, 1)
             elif loc is not None and mode != ForwardMode.EXTEND:
                 raw_bs = int(loc.numel()) // max(T, 1)
-            raw_bs = max(1, min(raw_bs, bs))
+            if raw_bs is not None:
+                raw_bs = max(1, min(raw_bs, bs))
+        # Unknown (0.5.12's replay API without a live batch): the rows before the first reserved slot 0, counted
+        # from the recorded req_pool_indices when the step is written (no host sync here).
+        rows = raw_bs if raw_bs is not None else bs
         step_id = int(be.speculative_step_id) if mode == ForwardMode.DRAFT_DECODE else None
         seq = fb.seq_lens[:bs]
         seq_cpu = fb.seq_lens_cpu[:bs] if getattr(fb, "seq_lens_cpu", None) is not None else seq.cpu()
@@ -291,17 +298,17 @@ class SglangTracer:
         if pos is None and getattr(fb, "spec_info", None) is not None:
             pos = getattr(fb.spec_info, "positions", None)
         if mode == ForwardMode.DRAFT_DECODE:
-            if loc is not None and n_steps and loc.numel() == raw_bs * n_steps:
-                loc = loc.reshape(raw_bs, n_steps)[:, step_id]
-            elif loc is not None and loc.numel() != raw_bs:
+            if loc is not None and n_steps and loc.numel() == rows * n_steps:
+                loc = loc.reshape(rows, n_steps)[:, step_id]
+            elif loc is not None and loc.numel() != rows:
                 loc = None
             if pos is not None:
-                pos = pos.reshape(-1)[:raw_bs] + step_id
+                pos = pos.reshape(-1)[:rows] + step_id
         if n_tok is not None:
             pos = _pad(pos, n_tok) if pos is not None and pos.numel() <= n_tok else None
             loc = _pad(loc, n_tok) if loc is not None and loc.numel() <= n_tok else None
-        if mode == ForwardMode.DRAFT_DECODE and pos is not None and raw_bs < bs:
-            pos[raw_bs:] = 0
+        if mode == ForwardMode.DRAFT_DECODE and pos is not None and rows < bs:
+            pos[rows:] = 0
         scalars: dict[str, int] = {
             "seq_len_fill_value": int(be.get_cuda_graph_seq_len_fill_value()),
             "backend_num_draft_tokens": int(be.speculative_num_draft_tokens or 1),
@@ -336,7 +343,7 @@ class SglangTracer:
         tok = getattr(spec, "draft_token", None) if mode == ForwardMode.TARGET_VERIFY else None
         acc = getattr(spec, "num_accept_tokens", None) if mode == ForwardMode.DRAFT_EXTEND else None
         if isinstance(acc, torch.Tensor):
-            arrays.append(("accept_lens", acc.reshape(-1)[:raw_bs]))
+            arrays.append(("accept_lens", acc.reshape(-1)[:rows]))
         p = self._snapshot(arrays, crop={"page_table": width, "req_to_token_page_starts": width})
         if mode in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND) and \
                 self._last_mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.DECODE) and \
@@ -348,12 +355,13 @@ class SglangTracer:
                                                                      ForwardMode.DRAFT_EXTEND) else "target")
         p.step_kw = dict(
             iteration=-1 if prep.phase == GraphPhase.CAPTURE else self._iteration, mode=mode, model=model,
-            step_id=step_id, batch_size=raw_bs, padded_batch_size=bs, graph=prep.phase, tokens_per_request=T,
+            step_id=step_id, batch_size=rows, padded_batch_size=bs, graph=prep.phase, tokens_per_request=T,
             num_draft_tokens=scalars["backend_num_draft_tokens"], page_size=P, start_ns=start_ns,
             end_ns=time.perf_counter_ns(), scalars=scalars)
         # A capture runs on fill values, not requests: like the engine's capture steps it has no request rows.
-        p.requests = [] if prep.phase == GraphPhase.CAPTURE else self._requests(mode, raw_bs, T, seq_cpu, rpi, fb,
-                                                                                   model)
+        if prep.phase != GraphPhase.CAPTURE:
+            ext = getattr(fb, "extend_seq_lens_cpu", None)
+            p.req_args = (mode, raw_bs, T, model, None if ext is None else list(ext), getattr(fb, "rids", None))
         if isinstance(tok, torch.Tensor) and prep.phase != GraphPhase.CAPTURE:
             self._add_draft_tokens(p, tok)
         p.spans.append(("host", "metadata", start_ns, p.step_kw["end_ns"]))
@@ -384,13 +392,16 @@ class SglangTracer:
         self._slot_gen[slot] = (gen, last)
         return slot * 1_000_000 + gen
 
-    def _requests(self, mode: ForwardMode, raw_bs: int, T: int, seq_cpu: torch.Tensor, rpi: torch.Tensor,
-                  fb: Any, model: str) -> list[dict[str, Any]]:
-        seq = seq_cpu[:raw_bs].tolist()
-        slots = rpi[:raw_bs].tolist() if rpi.device.type == "cpu" else None
+    def _requests(self, p: _Pending) -> tuple[int, list[dict[str, Any]]]:
+        """(live rows, request rows) of a step, from its host copies (built in write order)."""
+        arr = {n: h for n, h, *_ in p.arrays}
+        mode, raw_bs, T, model, ext, rids = p.req_args
+        rpi = arr["req_pool_indices"].tolist()
+        if raw_bs is None:
+            raw_bs = next((i for i, x in enumerate(rpi) if x == 0), len(rpi)) or len(rpi)
+        seq = arr["seq_lens_cpu"][:raw_bs].tolist()
+        slots = rpi[:raw_bs]
         out = []
-        ext = getattr(fb, "extend_seq_lens_cpu", None)
-        rids = getattr(fb, "rids", None)
         rids = list(rids) if isinstance(rids, (list, tuple)) and len(rids) >= raw_bs else [None] * raw_bs
         for b in range(raw_bs):
             s = int(seq[b])
@@ -405,12 +416,12 @@ class SglangTracer:
             else:
                 q = int(ext[b]) if ext is not None else s
                 before, after = s - q, s
-            slot = int(slots[b]) if slots is not None else b
+            slot = int(slots[b])
             rid = self._request_id(slot, mode, model, before, rids[b])
             if mode in (ForwardMode.EXTEND, ForwardMode.DECODE) and model == "target":
                 self._slot_gen[slot] = (self._slot_gen[slot][0], after)
             out.append(dict(request_id=rid, slot=slot, seq_len_before=before, seq_len_after=after, num_q_tokens=q))
-        return out
+        return raw_bs, out
 
     def _add_draft_tokens(self, p: _Pending, tok: torch.Tensor) -> None:
         p.arrays = [a for a in p.arrays if a[0] != "draft_tokens"]
@@ -476,12 +487,14 @@ class SglangTracer:
                 spans.append(StreamSpan(stream, name, end - dur, end))
             else:
                 spans.append(StreamSpan(stream, name, int(a), int(b)))
-        kw = dict(p.step_kw)
         extra: dict[str, Any] = {}
         errors = tuple(e for e in p.errors if e is not None)
         if errors and "errors" in Step.__dataclass_fields__:
             extra["errors"] = errors
-        reqs = [dict(r) for r in p.requests]
+        kw = dict(p.step_kw)
+        reqs: list[dict[str, Any]] = []
+        if p.req_args is not None:
+            kw["batch_size"], reqs = self._requests(p)
         tok = next((a for a in arrays if a.name == "draft_tokens"), None)
         T = kw["tokens_per_request"]
         if tok is not None and kw["mode"] == ForwardMode.TARGET_VERIFY and tok.values.size >= len(reqs) * T:
@@ -699,13 +712,11 @@ def _patch_wrapper(cls: type) -> None:
         def make(orig: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(orig)
             def wrapper(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
-                t1 = _WRAPPER.set(self)
-                t2 = _LIVE.set(_LIVE.get() or forward_batch)
+                tok = _WRAPPER.set((self, forward_batch))
                 try:
                     return orig(self, forward_batch, *args, **kwargs)
                 finally:
-                    _LIVE.reset(t2)
-                    _WRAPPER.reset(t1)
+                    _WRAPPER.reset(tok)
 
             return wrapper
 
