@@ -373,6 +373,7 @@ class ProcessTraceWriter:
         self.path = os.fspath(path)
         self._closed = False
         self._dead: str | None = None
+        self._late = 0  # flush answers still owed after a timeout
         self.status_timeout = status_timeout
         self.check_timeout = check_timeout
         self.check_result: CheckResult | None = None
@@ -434,7 +435,11 @@ class ProcessTraceWriter:
             return "error", self._dead
         try:
             line = self._lines.readline(self.status_timeout)
+            while line and self._late and line.partition(" ")[0] == "flushed":
+                self._late -= 1  # the answer to a flush that timed out earlier
+                line = self._lines.readline(self.status_timeout)
         except TimeoutError:
+            self._late += what == "a flush"
             return "error", (f"the trace writer process (pid {self._proc.pid}) did not answer {what} within "
                              f"{self.status_timeout:.0f} s")
         if not line:

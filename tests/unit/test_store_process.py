@@ -1,0 +1,188 @@
+"""The writer child process: errors in its own words, deaths reported (never "process died" alone), no status
+call that waits forever, a child that loses its parent commits what arrived, and a killed writer child
+during a real `specscope run` ends the run with one line and a readable trace."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from specscope.tracer.errors import TraceError
+from specscope.tracer.process_writer import ProcessTraceWriter, parts_from_raw, raw_from_step, step_from_raw
+from specscope.tracer.schema import CallError, StreamWait
+from specscope.tracer.store import TraceReader
+from stepgen import make_request, make_run, make_step
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and pipes")
+
+
+def _v2_step(i: int):  # noqa: ANN202 - a Step
+    import dataclasses
+
+    return dataclasses.replace(
+        make_step(i), waits=(StreamWait("plan", "compute", "producers"),),
+        errors=(CallError("kernel:xqa", "RuntimeError", f"bad q_len at step {i}"),) if i % 3 == 0 else (),
+        faults_fired=("stale-page-table",) if i % 4 == 1 else (),
+    )  # fmt: skip
+
+
+def test_raw_round_trip_keeps_v2_facts() -> None:
+    for i in range(6):
+        s = _v2_step(i)
+        raw = raw_from_step(s)
+        assert step_from_raw(raw) == s
+        p = parts_from_raw(raw)
+        assert p.num_requests == len(s.requests) and p.faults_fired == list(s.faults_fired)
+
+
+def test_process_writer_round_trip(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "p.db")
+    w = ProcessTraceWriter(path, make_run())
+    for i in range(40):
+        w.write_step(_v2_step(i))
+        if i == 20:
+            w.flush()
+    w.write_request(make_request(1))
+    w.close()
+    w.close()  # twice is fine
+    with TraceReader(path) as r:
+        assert r.is_closed() and r.num_steps() == 40
+        assert [r.step(i) for i in range(40)] == [_v2_step(i) for i in range(40)]
+        assert r.requests() == [make_request(1)]
+        assert r.checked_through() is None  # recorded without the checker
+
+
+def test_child_error_is_reported_in_its_own_words(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "dup.db")
+    w = ProcessTraceWriter(path, make_run())
+    w.write_step(make_step(0))
+    w.write_step(make_step(0))
+    with pytest.raises(TraceError, match="step index 0 was written twice"):
+        w.flush()
+    with pytest.raises(TraceError, match="written twice"):
+        w.close()
+    with TraceReader(path) as r:
+        assert r.num_steps() == 1
+
+
+def test_start_failure_says_why(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "exists.db")
+    ProcessTraceWriter(path, make_run()).close()
+    with pytest.raises(TraceError, match="already exists"):
+        ProcessTraceWriter(path, make_run())
+
+
+def test_killed_child_is_named_and_nothing_hangs(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "killed.db")
+    w = ProcessTraceWriter(path, make_run())
+    for i in range(10):
+        w.write_step(make_step(i))
+    w.flush()
+    os.kill(w._proc.pid, signal.SIGKILL)
+    w._proc.wait(timeout=10)
+    t = time.monotonic()
+    with pytest.raises(TraceError, match="killed by SIGKILL"):
+        for i in range(10, 10_000):  # the pipe breaks on one of these writes
+            w.write_step(make_step(i))
+        w.flush()
+    with pytest.raises(TraceError, match="killed by SIGKILL"):
+        w.close()
+    assert time.monotonic() - t < 30
+    with TraceReader(path) as r:
+        assert [s.index for s in r.steps()] == list(range(10))
+
+
+def test_status_calls_time_out_with_a_clear_message(tmp_path: os.PathLike[str]) -> None:
+    w = ProcessTraceWriter(os.path.join(tmp_path, "stopped.db"), make_run(), status_timeout=1.0)
+    os.kill(w._proc.pid, signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        with pytest.raises(TraceError, match=r"did not answer a flush within 1 s"):
+            w.flush()
+        assert time.monotonic() - t < 10
+    finally:
+        os.kill(w._proc.pid, signal.SIGCONT)
+    w.close()
+
+
+def test_orphaned_child_commits_what_arrived_and_exits(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "orphan.db")
+    # A parent that sends steps without flushing and then dies abruptly (no close, no atexit).
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {HERE!r})
+        from specscope.tracer.process_writer import ProcessTraceWriter
+        from stepgen import make_run, make_step
+        w = ProcessTraceWriter({path!r}, make_run())
+        for i in range(25):
+            w.write_step(make_step(i))
+        print(w._proc.pid, flush=True)
+        os._exit(0)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    child = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{child}"):
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z"
+    with TraceReader(path) as r:
+        assert r.is_closed()  # end of input: it committed everything and closed the trace cleanly
+        assert [s.index for s in r.steps()] == list(range(25))
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            out.append((int(d), cmd))
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the writer child through /proc")
+def test_killing_the_writer_child_of_a_real_run(tmp_path: os.PathLike[str]) -> None:
+    pytest.importorskip("torch")
+    path = os.path.join(tmp_path, "run.db")
+    proc = subprocess.Popen([sys.executable, "-m", "specscope.ui.cli", "run", "--device", "cpu", "--requests", "64",
+                             "--batch-size", "4", "--max-new-tokens", "64", "--quiet", "-o", path],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        seen = 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and seen < 30:
+            time.sleep(0.2)
+            if os.path.exists(path):
+                try:
+                    with TraceReader(path) as r:
+                        seen = r.num_steps()
+                except TraceError:
+                    seen = 0  # mid-creation
+        assert seen >= 30, "the run did not get far enough to test a kill"
+        kids = [p for p, cmd in _children(proc.pid) if "specscope.tracer.process_writer" in cmd]
+        assert len(kids) == 1, _children(proc.pid)
+        os.kill(kids[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = err.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, err
+    assert lines[0].startswith("specscope: error: ") and "trace writer process was killed by SIGKILL" in lines[0]
+    with TraceReader(path) as r:
+        n = r.num_steps()
+        steps = list(r.steps())
+    assert n >= seen and [s.index for s in steps] == list(range(n))
