@@ -90,11 +90,13 @@ def summarize(reader: TraceReader, *, decode: Decoder | None = None, tokenizer: 
 
 
 def _violations(reader: TraceReader, num_steps: int, run_checks: bool) -> tuple[dict[str, int], str]:
-    """Counts by check id, and where they come from: the trace's violations table when a checker stored its
-    verdicts there, else the catalogue run now (the table then only holds what the engine recorded)."""
+    """Counts by check id, and where they come from: "trace" (a checker stored its verdicts in the violations
+    table), "catalogue" (run now), or "unchecked" (only what the engine recorded: --no-check, or too many steps)."""
     table = reader.count_violations_by_id()
-    if not run_checks or reader.violations(source="check") or num_steps > CHECK_LIMIT:
+    if reader.violations(source="check"):
         return table, "trace"
+    if not run_checks or num_steps > CHECK_LIMIT:
+        return table, "unchecked"
     from .checks import check_steps
 
     return dict(Counter(v.check_id for v in check_steps(reader.steps()))), "catalogue"
@@ -177,10 +179,14 @@ def format_summary(d: dict[str, Any]) -> str:
     out.append(f"requests {len(d['requests'])}   tokenizer {txt.get('tokenizer', 'ids')}{ws_s}")
     out.append("")
     src = {"trace": "from the trace's violations table",
-           "catalogue": "the invariant catalogue, run now"}.get(d.get("violations_source", "trace"), "")
+           "catalogue": "the invariant catalogue, run now",
+           "unchecked": f"recorded during the run only; the catalogue was not run (--no-check, or more than "
+                        f"{CHECK_LIMIT:,} steps): specscope check {d['path']}"}.get(d.get("violations_source", "trace"),
+                                                                                  "")
     if d["num_violations"]:
         by = "  ".join(f"{k}={v}" for k, v in d["violations_by_id"].items())
-        out.append(f"violations {d['num_violations']}  ({by})  [{src}; details: specscope check {d['path']}]")
+        more = "" if d.get("violations_source") == "unchecked" else f"; details: specscope check {d['path']}"
+        out.append(f"violations {d['num_violations']}  ({by})  [{src}{more}]")
     else:
         out.append(f"violations 0  [{src}]")
     return "\n".join(out) + "\n"
