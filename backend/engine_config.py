@@ -144,7 +144,9 @@ class EngineConfig:
     def check_models(self, target: ModelConfig, draft: ModelConfig | None) -> None:
         """Vocabularies agree and every request fits the models' positions."""
         if draft is not None and draft.vocab_size != target.vocab_size:
-            raise ConfigError(f"draft vocab ({draft.vocab_size}) differs from target vocab ({target.vocab_size})")
+            raise ConfigError(f"draft vocab ({draft.vocab_size}, {self.draft}) differs from target vocab "
+                              f"({target.vocab_size}, {self.model}); pass a --draft with the target's vocabulary, "
+                              "or --spec-steps 0")
         t = self.verify_tokens if self.spec_steps else 1
         need = context_len(self.prompt_len[1], self.max_new_tokens, t, self.page_size)
         limit = min(m.max_position_embeddings for m in (target, draft) if m is not None)
