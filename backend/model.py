@@ -256,6 +256,8 @@ class LlamaForCausalLM(nn.Module):
     def ops_name(self, device: torch.device | str) -> OpsName:
         """The op set this model's serving path uses (or will use) on `device`."""
         device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # forwards key the cache by the inputs' "cuda:N"
+            device = torch.device("cuda", torch.cuda.current_device())
         if device in self._ops:
             ops = self._ops[device]
             return "plain" if ops is None else ops.name

@@ -153,7 +153,9 @@ class CausalBatchBackend:
                 fb: SimpleNamespace) -> torch.Tensor:
         b, seq_len, g = self.b, self.l, layer.num_q_heads // layer.num_kv_heads
         q, k, v = (t.reshape(b, seq_len, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v))
-        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        # GQA by expand + reshape (query head i reads KV head i // g): no data-dependent sizes, so capturable.
+        k, v = (t[:, :, None].expand(b, t.shape[1], g, seq_len, t.shape[3]).reshape(b, -1, seq_len, t.shape[3])
+                for t in (k, v))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=layer.scaling)
         return out.transpose(1, 2).reshape(b * seq_len, -1)
 
@@ -209,12 +211,12 @@ def test_model_logits_fused_vs_plain(name: str) -> None:
     # must not be worse than the plain bf16 path beyond noise.
     assert err_fused.mean() <= 1.5 * err_plain.mean() + 1e-3, (err_fused.mean().item(), err_plain.mean().item())
     assert err_fused.max() <= 2.0 * err_plain.max() + 2e-2, (err_fused.max().item(), err_plain.max().item())
-    # Where the oracle's choice is clear, both bf16 paths make it.
-    top2 = lo.topk(2, -1).values
-    clear = (top2[:, 0] - top2[:, 1]) > 2 * (err_plain.max() + err_fused.max())
-    if name.startswith("tiny"):  # trained models are confident on code; random ones may have no clear position
-        assert clear.float().mean() > 0.5
-    assert torch.equal(lf.argmax(-1)[clear], lo.argmax(-1)[clear])
+    # Greedy choices: the fused path agrees with the fp32 oracle at least as often as the plain bf16 path.
+    agree_fused = (lf.argmax(-1) == lo.argmax(-1)).float().mean().item()
+    agree_plain = (lp.argmax(-1) == lo.argmax(-1)).float().mean().item()
+    assert agree_fused >= agree_plain - 0.01, (agree_fused, agree_plain)
+    if name.startswith("tiny"):  # trained models on code are confident: bf16 rounding rarely flips a choice
+        assert agree_fused > 0.9, agree_fused
 
 
 def _kernels_per_forward(model: LlamaForCausalLM, tokens: torch.Tensor) -> tuple[int, list[str]]:
