@@ -32,7 +32,7 @@ class EngineConfig:
     """Run settings (the CLI's flags, resolved)."""
 
     model: str = "tiny"
-    draft: str | None = "tiny"
+    draft: str | None = "tiny-draft"  # the embedded draft ("tiny" alone names the embedded target)
     device: str = "cpu"  # resolved: "cpu" or "cuda[:n]"
     dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on the CPU
     batch_size: int = 4
