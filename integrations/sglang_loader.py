@@ -381,3 +381,46 @@ def make_model_runner(*, req_to_token: torch.Tensor, page_size: int, context_len
         server_args=SimpleNamespace(speculative_eagle_topk=topk, speculative_num_draft_tokens=num_draft_tokens),
         is_draft_worker=is_draft_worker,
         spec_algorithm=SimpleNamespace(is_frozen_kv_mtp=lambda: False))
+
+
+LOADED_FILES = (TMB_PATH, _BASE_PATH, _FBI_PATH, _CGR_PATH, _UTILS_PATH, "version.py")
+
+
+def write_slim(pkg: Path, dest: Path) -> Path:
+    """Copy only the wheel files this loader reads (a few hundred KB) to `dest/<version>/`, for hosts without
+    network where a whole wheel is too big to carry; `load_upstream(dest/<version>)` loads it. Returns the folder."""
+    import shutil
+
+    version = sglang_version(pkg)
+    out = dest / version
+    for rel in LOADED_FILES:
+        src = pkg / rel
+        if src.is_file():
+            (out / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, out / "sglang" / rel)
+    meta = out / f"sglang-{version}.dist-info"
+    meta.mkdir(parents=True, exist_ok=True)
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n", encoding="utf-8")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m specscope.integrations.sglang_loader --slim DEST [--sglang DIR ...]`: slim copies for GPU hosts."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m specscope.integrations.sglang_loader", description=main.__doc__)
+    ap.add_argument("--slim", required=True, metavar="DEST", help="folder to write <version>/ copies into")
+    ap.add_argument("--sglang", action="append", default=[], metavar="DIR",
+                    help="an unpacked wheel (repeatable; default: the installed sglang)")
+    a = ap.parse_args(argv)
+    try:
+        for where in a.sglang or [None]:
+            print(write_slim(find_sglang(where), Path(a.slim)))
+    except SglangNotFound as e:
+        print(f"specscope: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
