@@ -198,9 +198,14 @@ def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms:
     """A Dash app that serves `trace` (and `compare_with` for the Compare page) and nothing else.
 
     Raises TraceError when a trace cannot be read."""
+    import flask
+
     d = Dashboard(trace, compare_with)
+    # Our own Flask server: no static folder (Flask's /static route would map request paths to files), and an
+    # explicit root path (Flask cannot infer one for a module of the `specscope` namespace package).
+    server = flask.Flask("specscope_web", root_path=_HERE, instance_path=_NO_ASSETS, static_folder=None)
     app = Dash(
-        "specscope.ui.web", title="specscope", assets_folder=_NO_ASSETS, include_assets_files=False,
+        "specscope_web", server=server, title="specscope", assets_folder=_NO_ASSETS, include_assets_files=False,
         suppress_callback_exceptions=True, index_string=INDEX, update_title=None, serve_locally=True,
         enable_mcp=False, use_pages=False,
     )  # fmt: skip

@@ -1,0 +1,214 @@
+"""Browser tests: the dashboard served on a free port, driven in headless Debian chromium by Playwright.
+
+One server and one browser for the module. Every test fails on a browser console error, an uncaught page
+error, a failed request or an HTTP error status. SPECSCOPE_SCREENSHOTS=docs/screenshots refreshes the committed
+screenshots (docs/screenshots/web-*.png).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("dash")
+pytest.importorskip("playwright")
+
+from conftest import FAULT, screenshot_dir  # noqa: E402
+from specscope.tracer.checks import check_steps  # noqa: E402
+from specscope.tracer.diff import diff_traces  # noqa: E402
+from specscope.tracer.store import TraceReader  # noqa: E402
+from specscope.ui.web.app import create_app  # noqa: E402
+from specscope.ui.web.server import serve_in_thread  # noqa: E402
+
+TIMEOUT_MS = 20_000
+
+
+@pytest.fixture(scope="module")
+def server(clean_twin: str) -> Iterator[str]:
+    app = create_app(FAULT, clean_twin)
+    srv, url = serve_in_thread(app)
+    try:
+        yield url
+    finally:
+        srv.shutdown()
+
+
+class Watch:
+    """What went wrong in the browser while a test ran."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def attach(self, page: object) -> None:
+        p = page
+        p.on("console", lambda m: self.problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)  # type: ignore[attr-defined]
+        p.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))  # type: ignore[attr-defined]
+        p.on("requestfailed", lambda r: self.problems.append(f"request failed: {r.url} {r.failure}"))  # type: ignore[attr-defined]
+        p.on("response", lambda r: self.problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def page(browser: object, server: str) -> Iterator[object]:
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, base_url=server)  # type: ignore[attr-defined]
+    pg = ctx.new_page()
+    watch = Watch()
+    watch.attach(pg)
+    pg.set_default_timeout(TIMEOUT_MS)
+    yield pg
+    ctx.close()
+    assert watch.problems == [], watch.problems
+
+
+def _rendered(page: object, graph_id: str) -> None:
+    page.wait_for_selector(f"#{graph_id} .main-svg", state="attached")  # type: ignore[attr-defined]
+
+
+def _idle(page: object) -> None:
+    # Dash marks the document while callbacks are in flight; wait until none is.
+    page.wait_for_function("() => !document.querySelector('[data-dash-is-loading=\"true\"]')")  # type: ignore[attr-defined]
+    page.wait_for_timeout(150)  # type: ignore[attr-defined]
+
+
+def _shot(page: object, name: str) -> None:
+    d = screenshot_dir()
+    if d:
+        page.screenshot(path=os.path.join(d, f"web-{name}.png"), full_page=True)  # type: ignore[attr-defined]
+
+
+def _center(page: object, selector: str) -> tuple[float, float]:
+    box = page.locator(selector).first.bounding_box()  # type: ignore[attr-defined]
+    assert box, selector
+    return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+
+
+def test_timeline_range_and_click_to_step(page: object) -> None:
+    p = page
+    p.goto("/")  # type: ignore[attr-defined]
+    for g in ("tl-overview", "tl-gantt", "tl-overlap"):
+        _rendered(p, g)
+    assert p.locator("#tl-gantt .bars .point").count() > 0  # type: ignore[attr-defined]
+    assert "steps 0–99" in p.inner_text("#tl-window-stats")  # type: ignore[attr-defined]
+    _idle(p)
+    _shot(p, "timeline")
+    # Zoom with the range slider: its end handle, moved with the keyboard.
+    handle = p.locator("#tl-range [role=slider]").nth(1)  # type: ignore[attr-defined]
+    handle.focus()
+    for _ in range(10):
+        handle.press("ArrowLeft")
+    p.wait_for_function("() => document.querySelector('#tl-window-stats').innerText.includes('steps 0–89')")  # type: ignore[attr-defined]
+    # Click a Gantt bar: its step opens in the explorer.
+    x, y = _center(p, "#tl-gantt .bars .point path")
+    p.mouse.click(x, y)  # type: ignore[attr-defined]
+    p.wait_for_url(re.compile(r"/step/\d+$"))  # type: ignore[attr-defined]
+    p.wait_for_selector("#step-page")  # type: ignore[attr-defined]
+    _idle(p)
+
+
+def test_step_explorer_buttons_keys_and_heatmap(page: object) -> None:
+    p = page
+    with TraceReader(FAULT) as r:
+        n = r.num_steps()
+        first = min(v.step for v in check_steps(r.steps()) if v.check_id == "I10")
+        step = r.step(first)
+    p.goto(f"/step/{first}")  # type: ignore[attr-defined]
+    _rendered(p, "step-heatmap")
+    assert p.inner_text("#step-pos") == f"step {first} of {n}"  # type: ignore[attr-defined]
+    assert "!" in p.inner_text("#step-heatmap")  # type: ignore[attr-defined]  # stale cells are marked
+    assert p.locator("#request-table tbody tr").count() == len(step.requests)  # type: ignore[attr-defined]
+    _idle(p)
+    # A heatmap cell: the first one of row 0.
+    box = p.locator("#step-heatmap .nsewdrag").first.bounding_box()  # type: ignore[attr-defined]
+    cols = step.array("page_table").values.shape[1]
+    rows = step.array("page_table").values.shape[0]
+    p.mouse.click(box["x"] + box["width"] / cols / 2, box["y"] + box["height"] / rows / 2)  # type: ignore[attr-defined]
+    p.wait_for_selector("#cell-table")  # type: ignore[attr-defined]
+    text = p.inner_text("#cell-table")  # type: ignore[attr-defined]
+    assert "physical page" in text and f"\t{int(step.array('page_table').values[0, 0])}" in text
+    assert "req_to_token gives" in text and "tokens" in text and "owner" in text
+    _shot(p, "step")
+    # Keys and buttons.
+    p.keyboard.press("ArrowRight")  # type: ignore[attr-defined]
+    p.wait_for_url(re.compile(rf"/step/{first + 1}$"))  # type: ignore[attr-defined]
+    p.wait_for_function(f"() => document.querySelector('#step-pos')?.innerText === 'step {first + 1} of {n}'")  # type: ignore[attr-defined]
+    p.click("#step-next")  # type: ignore[attr-defined]
+    p.wait_for_url(re.compile(rf"/step/{first + 2}$"))  # type: ignore[attr-defined]
+    p.wait_for_function(f"() => document.querySelector('#step-pos')?.innerText === 'step {first + 2} of {n}'")  # type: ignore[attr-defined]
+    p.click("#step-prev")  # type: ignore[attr-defined]
+    p.wait_for_url(re.compile(rf"/step/{first + 1}$"))  # type: ignore[attr-defined]
+    p.wait_for_function(f"() => document.querySelector('#step-pos')?.innerText === 'step {first + 1} of {n}'")  # type: ignore[attr-defined]
+    p.keyboard.press("ArrowLeft")  # type: ignore[attr-defined]
+    p.wait_for_url(re.compile(rf"/step/{first}$"))  # type: ignore[attr-defined]
+    p.wait_for_function(f"() => document.querySelector('#step-pos')?.innerText === 'step {first} of {n}'")  # type: ignore[attr-defined]
+    _idle(p)
+
+
+def test_step_urls_load_directly_and_bad_ones_say_why(page: object) -> None:
+    p = page
+    with TraceReader(FAULT) as r:
+        n = r.num_steps()
+    p.goto(f"/step/{n - 1}")  # type: ignore[attr-defined]
+    p.wait_for_selector("#step-page")  # type: ignore[attr-defined]
+    assert "disabled" in (p.get_attribute("#step-next", "class") or "")  # type: ignore[attr-defined]
+    for url, msg in ((f"/step/{n + 5}", f"no step {n + 5}"), ("/step/abc", "no page"),
+                     ("/step/1?trace=/etc/passwd", "no trace"), ("/nope", "no page")):
+        p.goto(url)  # type: ignore[attr-defined]
+        p.wait_for_selector("#error-message")  # type: ignore[attr-defined]
+        assert msg in p.inner_text("#error-message"), url  # type: ignore[attr-defined]
+        assert "Traceback" not in p.content()  # type: ignore[attr-defined]
+    _idle(p)
+
+
+def test_violations_link_to_the_highlighted_step(page: object) -> None:
+    p = page
+    with TraceReader(FAULT) as r:
+        found = list(check_steps(r.steps()))
+    ids = sorted({v.check_id for v in found})
+    p.goto("/violations")  # type: ignore[attr-defined]
+    p.wait_for_function("() => (document.querySelector('#viol-progress')?.innerText || '').includes('all ')")  # type: ignore[attr-defined]
+    for cid in ids:
+        assert p.locator(f"#viol-{cid}").count() == 1, cid  # type: ignore[attr-defined]
+    assert f"{len(found)} violations" in p.inner_text("#viol-progress")  # type: ignore[attr-defined]
+    _idle(p)
+    _shot(p, "violations")
+    link = p.locator("#viol-I10 .viol-link").first  # type: ignore[attr-defined]
+    href = link.get_attribute("href")
+    link.click()
+    p.wait_for_selector("#violation-banner")  # type: ignore[attr-defined]
+    assert "I10" in p.inner_text("#violation-banner")  # type: ignore[attr-defined]
+    assert p.locator("#request-table tr.hl").count() == 1 or "row=" not in href and "request=" not in href  # type: ignore[attr-defined]
+    _rendered(p, "step-heatmap")
+    _idle(p)
+
+
+def test_acceptance_page(page: object) -> None:
+    p = page
+    p.goto("/acceptance")  # type: ignore[attr-defined]
+    for g in ("acc-position", "acc-hist", "acc-time", "acc-bs", "acc-request"):
+        _rendered(p, g)
+    with TraceReader(FAULT) as r:
+        hist = r.accept_histogram()
+    mean = sum(n * c for n, c in enumerate(hist)) / sum(hist)
+    assert f"{mean:.3f}" in p.inner_text("#acc-stats")  # type: ignore[attr-defined]
+    _idle(p)
+    _shot(p, "acceptance")
+
+
+def test_compare_page(page: object, clean_twin: str) -> None:
+    p = page
+    with TraceReader(FAULT) as a, TraceReader(clean_twin) as b:
+        rep = diff_traces(a, b, max_steps=2000)
+    p.goto("/compare")  # type: ignore[attr-defined]
+    p.wait_for_selector("#cmp-verdict")  # type: ignore[attr-defined]
+    assert p.inner_text("#cmp-verdict") == rep.headline  # type: ignore[attr-defined]
+    _rendered(p, "cmp-position")
+    _idle(p)
+    _shot(p, "compare")
+    if rep.first is not None:
+        p.click("#cmp-first-open-b")  # type: ignore[attr-defined]
+        p.wait_for_url(re.compile(rf"/step/{rep.first.b_step}\?trace=b"))  # type: ignore[attr-defined]
+        p.wait_for_selector("#step-page")  # type: ignore[attr-defined]
+        assert f"step {rep.first.b_step} of" in p.inner_text("#step-pos")  # type: ignore[attr-defined]
+        _idle(p)

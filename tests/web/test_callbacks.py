@@ -1,0 +1,186 @@
+"""Callback tests: the real Dash app behind Flask's test client, callbacks called the way the browser calls them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("dash")
+
+from conftest import FAULT, PLAN  # noqa: E402
+from specscope.tracer.store import TraceReader  # noqa: E402
+from specscope.ui.web.app import create_app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client() -> object:
+    app = create_app(FAULT)
+    return app.server.test_client()
+
+
+def call(client: object, outputs: list[tuple[str, str]], inputs: list[tuple[str, str, object]],
+         state: list[tuple[str, str, object]] = (), changed: str | None = None) -> tuple[int, object]:  # type: ignore[assignment]
+    """POST one callback like dash-renderer does; returns (status, the outputs' values or the body text)."""
+    if len(outputs) == 1:
+        out_id = f"{outputs[0][0]}.{outputs[0][1]}"
+        outs: object = {"id": outputs[0][0], "property": outputs[0][1]}
+    else:
+        out_id = ".." + "...".join(f"{i}.{p}" for i, p in outputs) + ".."
+        outs = [{"id": i, "property": p} for i, p in outputs]
+    body = {
+        "output": out_id, "outputs": outs,
+        "inputs": [{"id": i, "property": p, "value": v} for i, p, v in inputs],
+        "state": [{"id": i, "property": p, "value": v} for i, p, v in state],
+        "changedPropIds": [changed or f"{inputs[0][0]}.{inputs[0][1]}"],
+    }  # fmt: skip
+    r = client.post("/_dash-update-component", json=body)  # type: ignore[attr-defined]
+    if r.status_code != 200:
+        return r.status_code, r.get_data(as_text=True)
+    resp = r.get_json()["response"]
+    return 200, [resp.get(i, {}).get(p, NO_UPDATE) for i, p in outputs]
+
+
+NO_UPDATE = "<no update>"
+
+
+def page(client: object, pathname: object, search: object = "") -> object:
+    status, out = call(client, [("page", "children")], [("url", "pathname", pathname), ("url", "search", search),
+                                                        ("version", "data", 0)])
+    assert status == 200, out
+    return out[0]  # type: ignore[index]
+
+
+def texts(component: object) -> str:
+    """All text inside a serialized Dash component tree."""
+    return json.dumps(component, ensure_ascii=False)
+
+
+def test_every_page_renders() -> None:
+    c = create_app(FAULT).server.test_client()
+    for path, marker in (("/", "timeline-page"), ("/step/3", "step-page"), ("/acceptance", "acceptance-page"),
+                         ("/violations", "violations-page"), ("/compare", "cmp-none")):
+        assert marker in texts(page(c, path)), path
+
+
+def test_step_page_content_comes_from_the_trace(client: object) -> None:
+    with TraceReader(FAULT) as r:
+        s = r.step(20)
+        n = r.num_steps()
+    t = texts(page(client, "/step/20"))
+    assert f"step 20 of {n}" in t and s.mode.value in t
+    for req in s.requests:
+        assert f"r{req.request_id}" in t
+
+
+@pytest.mark.parametrize("path,search,message", [
+    ("/step/99999", "", "no step 99999"), ("/step/abc", "", "no page"), ("/nothing", "", "no page"),
+    ("/step/1", "?trace=b", "no trace"), ("/step/1", "?trace=../../etc/passwd", "no trace"),
+    ("/step/1", "?row=-3", "non-negative integer"), (12, "", "malformed address"), ({"a": 1}, "", "malformed"),
+])  # fmt: skip
+def test_malformed_addresses_get_one_line(client: object, path: object, search: str, message: str) -> None:
+    t = texts(page(client, path, search))
+    assert "Cannot show this page" in t and message in t and "Traceback" not in t
+
+
+def test_heatmap_click_shows_the_cell(client: object) -> None:
+    with TraceReader(FAULT) as r:
+        s = r.step(20)
+    pt = s.array("page_table").values
+    status, out = call(client, [("step-cell", "children")], [("step-heatmap", "clickData",
+                       {"points": [{"x": 1, "y": 0}]})], [("step-index", "data", {"trace": "a", "step": 20})])
+    assert status == 200
+    assert "physical page" in texts(out) and f'"{int(pt[0, 1])}"' in texts(out)
+
+
+@pytest.mark.parametrize("click,where", [
+    ({"points": [{"x": "1; rm -rf /", "y": 0}]}, {"trace": "a", "step": 20}),
+    ({"points": []}, {"trace": "a", "step": 20}), ("junk", {"trace": "a", "step": 20}),
+    ({"points": [{"x": 1, "y": 0}]}, {"trace": "/etc/passwd", "step": 1}),
+    ({"points": [{"x": 1, "y": 0}]}, {"trace": "a", "step": 10**8}), ({"points": [{"x": 1, "y": 0}]}, None),
+])  # fmt: skip
+def test_malformed_callback_inputs_are_refused_with_a_message(client: object, click: object, where: object) -> None:
+    status, out = call(client, [("step-cell", "children")], [("step-heatmap", "clickData", click)],
+                       [("step-index", "data", where)])
+    assert status == 200, out
+    t = texts(out)
+    assert "cell-detail" in t and "Traceback" not in t and "physical page" not in t
+
+
+def test_range_slider_moves_the_window(client: object) -> None:
+    status, out = call(client, [("tl-gantt", "figure"), ("tl-overlap", "figure"), ("tl-overview", "figure"),
+                                ("tl-stats", "children"), ("tl-gaps", "children")], [("tl-range", "value", [40, 59])])
+    assert status == 200
+    gantt, overlap = out[0], out[1]  # type: ignore[index]
+    steps = {cd[0] for tr in gantt["data"] for cd in tr["customdata"]}
+    assert steps and min(steps) >= 40 and max(steps) <= 59
+    assert all(40 <= x <= 59 for x in overlap["data"][-1]["x"])
+    assert "steps 40–59" in texts(out[3])  # type: ignore[index]
+    status, out = call(client, [("tl-gantt", "figure"), ("tl-overlap", "figure"), ("tl-overview", "figure"),
+                                ("tl-stats", "children"), ("tl-gaps", "children")], [("tl-range", "value", "DROP")])
+    assert status == 200 and "two step indexes" in texts(out)
+
+
+def test_gantt_click_opens_the_step(client: object) -> None:
+    status, out = call(client, [("url", "pathname"), ("url", "search")],
+                       [("tl-gantt", "clickData", {"points": [{"customdata": [17, "forward", "draft", 3.0]}]}),
+                        ("tl-overlap", "clickData", None)])
+    assert status == 200 and out == ["/step/17", ""]
+    status, out = call(client, [("url", "pathname"), ("url", "search")],
+                       [("tl-gantt", "clickData", {"points": [{"customdata": ["../../x"]}]}),
+                        ("tl-overlap", "clickData", None)])
+    assert status == 204 or out == [NO_UPDATE, NO_UPDATE], out  # nothing changes, nothing breaks
+
+
+def test_violations_poll_completes(client: object) -> None:
+    status, out = call(client, [("viol-body", "children"), ("viol-poll", "disabled")],
+                       [("viol-poll", "n_intervals", 1)])
+    assert status == 200 and out[1] is True  # type: ignore[index]
+    assert "I10" in texts(out[0])  # type: ignore[index]
+
+
+def test_unknown_callbacks_and_scripts_are_refused_without_traceback(client: object) -> None:
+    r = client.post("/_dash-update-component", data="{not json", content_type="application/json")  # type: ignore[attr-defined]
+    assert r.status_code in (400, 500) and "Traceback" not in r.get_data(as_text=True)
+    for path in ("/_dash-component-suites/dash/../../../../etc/passwd", "/assets/../../pyproject.toml",
+                 "/_dash-component-suites/nope/x.js", "/assets/app.py"):
+        r = client.get(path)  # type: ignore[attr-defined]
+        assert r.status_code == 404, path
+        assert "[project]" not in r.get_data(as_text=True)
+
+
+def test_live_poll_follows_a_growing_trace(tmp_path: object) -> None:
+    from specscope.tracer.store import TraceWriter
+
+    path = str(tmp_path / "live.db")  # type: ignore[operator]
+    with TraceReader(PLAN) as src:
+        w = TraceWriter(path, src.run)
+        steps = list(src.steps(0, 30))
+    for s in steps[:10]:
+        w.write_step(s)
+    w.flush()
+    app = create_app(path)
+    c = app.server.test_client()
+    assert "10 steps (live)" in str(app.layout)
+    for s in steps[10:]:
+        w.write_step(s)
+    w.flush()
+    status, out = call(c, [("version", "data"), ("live-status", "children"), ("live", "disabled")],
+                       [("live", "n_intervals", 1)])
+    assert status == 200 and out[0] == 1 and "30 steps (live)" in out[1] and out[2] is False  # type: ignore[index]
+    w.close()
+    status, out = call(c, [("version", "data"), ("live-status", "children"), ("live", "disabled")],
+                       [("live", "n_intervals", 2)])
+    assert status == 200 and out[2] is True and "(live)" not in out[1]  # type: ignore[index]
+
+
+def test_cli_refuses_bad_input_with_one_line() -> None:
+    for argv, msg in ((["web", "/nonexistent.db"], "no such file"), (["web", FAULT, "--port", "70000"], "TCP port"),
+                      (["web", FAULT, "--compare", "/etc/hostname"], "not a specscope trace")):
+        p = subprocess.run([sys.executable, "-m", "specscope.ui.cli", *argv], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 2, (argv, p.stderr)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("specscope: error:") and msg in lines[0], p.stderr
