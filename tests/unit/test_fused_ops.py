@@ -32,26 +32,30 @@ CONFIGS = {"llama": SMALL, "biased": BIASED, "qwen2": QWEN2, "llama3-rope": LLAM
 
 
 class DenseKVBackend:
-    """A real attention backend for the serving path: per-layer KV by position, causal attention in fp32."""
+    """A real attention backend for the serving path: per-layer K/V by position, causal attention in fp32."""
 
     def __init__(self) -> None:
-        self.kv: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer,
                 fb: SimpleNamespace) -> torch.Tensor:
-        assert q.shape == (len(fb.positions), layer.num_q_heads, layer.head_dim) and q.is_contiguous()
-        assert k.shape == v.shape == (len(fb.positions), layer.num_kv_heads, layer.head_dim)
-        cache = self.kv.setdefault(layer.layer_id, {})
-        for i, pos in enumerate(fb.positions.tolist()):
-            cache[pos] = (k[i].clone(), v[i].clone())
+        pos = fb.positions
+        assert q.shape == (len(pos), layer.num_q_heads, layer.head_dim) and q.is_contiguous()
+        assert k.shape == v.shape == (len(pos), layer.num_kv_heads, layer.head_dim)
+        n = int(pos.max()) + 1
+        if layer.layer_id not in self.kv or self.kv[layer.layer_id][0].shape[0] < n:
+            new = [torch.zeros(n, *k.shape[1:], dtype=k.dtype) for _ in range(2)]
+            for old, grown in zip(self.kv.get(layer.layer_id, ()), new, strict=False):
+                grown[:old.shape[0]] = old
+            self.kv[layer.layer_id] = (new[0], new[1])
+        keys, values = self.kv[layer.layer_id]
+        keys[pos], values[pos] = k, v
         group = layer.num_q_heads // layer.num_kv_heads
-        out = []
-        for i, pos in enumerate(fb.positions.tolist()):
-            ks = torch.stack([cache[p][0] for p in range(pos + 1)]).repeat_interleave(group, dim=1)
-            vs = torch.stack([cache[p][1] for p in range(pos + 1)]).repeat_interleave(group, dim=1)
-            scores = torch.einsum("hd,khd->hk", q[i], ks) * layer.scaling
-            out.append(torch.einsum("hk,khd->hd", scores.softmax(-1), vs).reshape(-1))
-        return torch.stack(out)
+        ks, vs = (t[:n].repeat_interleave(group, dim=1) for t in (keys, values))
+        scores = torch.einsum("qhd,khd->hqk", q, ks) * layer.scaling
+        visible = torch.arange(n)[None, :] <= pos[:, None]
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+        return torch.einsum("hqk,khd->qhd", scores.softmax(-1), vs).reshape(len(pos), -1)
 
 
 def small_model(cfg: dict, seed: int = 0) -> LlamaForCausalLM:
