@@ -130,9 +130,15 @@ class QueryMixin:
         prev: StepSummary | None = None
         needs_prev = filter is not None and (filter.bs_change or (filter.condition is not None and "prev" in
                                                                     filter.condition))
+        # With a filter that SQL applies, the walk skips steps, so the row before in the walk is not the step
+        # before in the trace: then the previous steps are looked up.
+        restricted = filter is not None and any(
+            v not in (None, False) for v in (filter.mode, filter.model, filter.graph, filter.iteration,
+                                             filter.request_id, filter.check_id, filter.severity,
+                                             filter.has_violation))  # fmt: skip
         for s in self._q_summary_rows(start, stop, filter, backward=backward):
             if needs_prev:
-                p, pk = self._q_previous(s, backward, prev, prev_by_kind)
+                p, pk = self._q_previous(s, backward or restricted, prev, prev_by_kind)
             else:
                 p = pk = None
             prev = s
@@ -143,17 +149,19 @@ class QueryMixin:
                 continue
             yield s
 
-    def _q_previous(self, s: StepSummary, backward: bool, prev: StepSummary | None,
+    def _q_previous(self, s: StepSummary, look_up: bool, prev: StepSummary | None,
                     prev_by_kind: dict[tuple[str, str], StepSummary]) -> tuple[StepSummary | None, StepSummary | None]:
-        # `prev` in a condition is the step just before in the trace, whatever the walk direction.
-        if not backward:
-            return prev, prev_by_kind.get((s.model, s.mode.value))
-        before = self._q_summary_rows(0, s.index, None, backward=True)
-        p = next(iter(before), None)
-        pk = None
-        for r in self._q_summary_rows(0, s.index, StepFilter(mode=s.mode.value, model=s.model), backward=True):
-            pk = r
-            break
+        # `prev` in a condition is the step just before in the trace, whatever the walk direction; `pk` the last
+        # step of the same model and mode before it. A forward walk over every step knows both, except for the
+        # first rows of the walk (and of each kind), which are looked up.
+        kind = (s.model, s.mode.value)
+        p = prev if not look_up and prev is not None and prev.index == s.index - 1 else None
+        if p is None and s.index > 0:
+            p = next(iter(self._q_summary_rows(s.index - 1, s.index, None)), None)
+        pk = None if look_up else prev_by_kind.get(kind)
+        if pk is None and s.index > 0:
+            f = StepFilter(mode=s.mode.value, model=s.model)
+            pk = next(iter(self._q_summary_rows(0, s.index, f, backward=True)), None)
         return p, pk
 
     def summary(self, i: int) -> StepSummary:

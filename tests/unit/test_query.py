@@ -162,6 +162,16 @@ def test_find_steps_by_text_bs_change_and_condition(v2_trace: str) -> None:
                 change.append(s.index)
             prev[(s.model, s.mode.value)] = s
         assert r.find_steps("bs change", limit=None) == change
+        for after in (change[2], change[2] - 1, N // 2):  # walks that start mid-trace know the steps before
+            assert r.find_steps("bs change", after=after, limit=None) == [i for i in change if i > after]
+            assert r.find_steps("bs change", after=after, limit=None, backward=True) == [
+                i for i in change if i < after][::-1]
+        verify_change = [i for i in change if steps[i].mode.value == "TARGET_VERIFY"]
+        assert r.find_steps(StepFilter(mode="TARGET_VERIFY", bs_change=True), limit=None) == verify_change
+        want = [s.index for a, s in zip(steps, steps[1:], strict=False) if s.batch_size != a.batch_size]
+        verify_prev = [i for i in want if steps[i].mode.value == "TARGET_VERIFY"]
+        assert r.find_steps(StepFilter(mode="TARGET_VERIFY", condition="bs != prev.bs"), limit=None) == verify_prev
+        assert r.find_steps("bs != prev.bs", after=want[1], limit=None) == [i for i in want if i > want[1]]
         # `prev` in a condition is the step just before in the trace, in either walk direction.
         want = [s.index for a, s in zip(steps, steps[1:], strict=False) if s.batch_size != a.batch_size]
         assert r.find_steps("bs != prev.bs", limit=None) == want
