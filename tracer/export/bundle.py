@@ -38,7 +38,7 @@ def is_bundle(path: str | os.PathLike[str]) -> bool:
     """True when `path` is a zip file (a bundle, or damage to be reported as such)."""
     try:
         with open(path, "rb") as f:
-            return f.read(4) == b"PK\x03\x04"
+            return f.read(4) in (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08")  # local file, empty, spanned
     except OSError:
         return False
 

@@ -1,0 +1,114 @@
+"""`specscope replay`: a clean recorded call agrees with the reference, a faulted one shows the disagreement,
+unusable input exits 2 with one line. Real CPU traces recorded by `specscope run`."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from specscope.tracer.export.attention_call import recorded_call
+from specscope.tracer.schema import ForwardMode
+from specscope.tracer.store import TraceReader
+from specscope.ui.cli import main
+from test_export_common import FAULT, recorded
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return recorded(tmp_path_factory, "clean", [])
+
+
+@pytest.fixture(scope="module")
+def fault(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return recorded(tmp_path_factory, "fault", FAULT)
+
+
+def first_step(path: str, mode: ForwardMode, min_bs: int = 1) -> int:
+    with TraceReader(path) as r:
+        for s in r.iter_summaries():
+            if s.mode == mode and s.graph.value != "capture" and s.batch_size >= min_bs:
+                return s.index
+    raise AssertionError(f"no {mode} step in {path}")
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str], *expect: str) -> None:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specscope: error: "), err
+    for e in expect:
+        assert e in err[0], (e, err[0])
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY,
+                                  ForwardMode.DRAFT_EXTEND])
+def test_clean_step_agrees(clean: str, mode: ForwardMode, capsys: pytest.CaptureFixture[str]) -> None:
+    i = first_step(clean, mode)
+    assert main(["replay", clean, "--step", str(i), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["agrees"] and res["args_recorded"] and res["mode"] == mode.value
+    with TraceReader(clean) as r:
+        bs = r.summary(i).batch_size
+        hq = recorded_call(r.step(i)).num_q_heads
+    # One row per live request and head for each of the three comparisons.
+    assert len(res["diffs"]) == 3 * bs * hq
+    assert all(d["rel"] <= res["tol"] for d in res["diffs"])
+
+
+def test_fault_step_disagrees_and_says_where(fault: str, capsys: pytest.CaptureFixture[str]) -> None:
+    i = first_step(fault, ForwardMode.TARGET_VERIFY, min_bs=2)
+    assert main(["replay", fault, "--step", str(i)]) == 1
+    out = capsys.readouterr().out
+    assert "q_len_per_req=4" in out  # the argument the faulted graph handed the kernel (T is 2)
+    assert "DISAGREE" in out and " !" in out
+    assert main(["replay", fault, "--step", str(i), "--json"]) == 1
+    res = json.loads(capsys.readouterr().out)
+    assert res["worst"]["kernel-vs-truth"] > res["tol"]
+    assert res["worst"]["kernel-vs-reference"] <= res["tol"]  # the kernel did what its (wrong) arguments said
+
+
+def test_replay_and_differential_read_one_recorded_call(fault: str) -> None:
+    i = first_step(fault, ForwardMode.TARGET_VERIFY, min_bs=2)
+    with TraceReader(fault) as r:
+        step = r.step(i)
+    call = recorded_call(step)
+    assert call.args_recorded and call.entry == "decode" and call.q_len_per_req == 4
+    assert call.has_mask and call.mask is not None and call.mask.dtype.name == "uint16"
+    assert call.batch_size == step.padded_batch_size * step.tokens_per_request // 4
+    assert call.q_len_per_req == step.scalars["kernel_q_len"]  # the scalar the differential check reads
+
+
+def test_bad_arguments_exit_2_with_one_line(clean: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", clean, "--step", "100000"]) == 2
+    one_error_line(capsys, "has no step 100000")
+    with TraceReader(clean) as r:
+        cap = next(s.index for s in r.iter_summaries() if s.graph.value == "capture")
+    assert main(["replay", clean, "--step", str(cap)]) == 2
+    one_error_line(capsys, f"step {cap} has no recorded attention call", "--record-attention")
+    assert main(["replay", clean, "--step", "5", "--device", "tpu"]) == 2
+    one_error_line(capsys, "--device 'tpu'")
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    assert main(["replay", str(bad), "--step", "1"]) == 2
+    one_error_line(capsys, "not a readable bundle")
+    other = tmp_path / "other.zip"
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("hello.txt", "hi")
+    assert main(["replay", str(other), "--step", "1"]) == 2
+    one_error_line(capsys, "not a specscope bundle")
+    assert main(["replay", str(tmp_path / "missing.db"), "--step", "1"]) == 2
+    one_error_line(capsys, "no such file")
+
+
+def test_old_trace_without_attn_call_is_replayable_from_derived_arguments(clean: str) -> None:
+    import dataclasses
+
+    from specscope.backend.replay import replay
+
+    i = first_step(clean, ForwardMode.TARGET_VERIFY)
+    with TraceReader(clean) as r:
+        step = r.step(i)
+    old = dataclasses.replace(step, arrays=tuple(a for a in step.arrays if a.name not in ("attn_call", "attn_mask")))
+    call = recorded_call(old)
+    assert not call.args_recorded and call.q_len_per_req == recorded_call(step).q_len_per_req
+    assert replay(call, "cpu", "reference", "float32").agrees
