@@ -25,7 +25,8 @@ def fault(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def verify_steps(path: str) -> list[int]:
     with TraceReader(path) as r:
-        return [s.index for s in r.iter_summaries() if s.mode == ForwardMode.TARGET_VERIFY and s.graph.value == "replay"]
+        return [s.index for s in r.iter_summaries()
+                if s.mode == ForwardMode.TARGET_VERIFY and s.graph.value == "replay"]
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str], *expect: str) -> None:
