@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from .export.attention_call import recorded_call
 from .schema import ForwardMode, Severity, Step, Violation
 
 REL_TOL = 2e-2  # bf16 kernels land near 3e-3; a wrong KV window or page lands far above
@@ -61,15 +62,16 @@ def diff_step(step: Step) -> Iterator[tuple[str, int, int, float]]:
     a = {x.name: x.values for x in step.arrays}
     if "attn_q" not in a:
         return
-    p = step.page_size
-    q = a["attn_q"].astype(np.float64)
-    out = a["attn_out"].astype(np.float64).reshape(q.shape)
-    pages = _Pages(a["attn_kv"], a["attn_page_ids"], p)
-    scale = float(a["attn_scaling"][0])
+    call = recorded_call(step)  # the one recorded call `specscope replay` re-runs (tracer/export/attention_call.py)
+    p = call.page_size
+    q = call.q.astype(np.float64)
+    out = call.out.astype(np.float64)
+    pages = _Pages(call.kv, call.page_ids, p)
+    scale = call.scaling
     cs, pt, pos = a["cache_seqlens"], a["page_table"], a["positions"]
     starts = a["req_to_token_page_starts"]
     if step.mode in _UNIFORM:
-        ql = step.scalars.get("kernel_q_len", 1)
+        ql = call.q_len_per_req  # recorded at the kernel call (attn_call); older traces: from kernel_q_len
         rows = [(b * ql, ql) for b in range(step.batch_size)]
         true_rows = [(b * step.tokens_per_request, step.tokens_per_request) for b in range(step.batch_size)]
     else:
