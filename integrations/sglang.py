@@ -190,6 +190,7 @@ class SglangTracer:
         self._iteration = 0
         self._last_mode: ForwardMode | None = None
         self._compute_stream: Any = None
+        self._epoch: tuple[int, Any] | None = None  # (host ns, CUDA event) for GPU span times
         self._slot_gen: dict[int, tuple[int, int | None]] = {}  # req slot -> (generation, last committed length)
         self.closed = False
         _ACTIVE.append(self)
@@ -392,6 +393,15 @@ class SglangTracer:
         self._slot_gen[slot] = (gen, last)
         return slot * 1_000_000 + gen
 
+    def _ensure_epoch(self) -> None:
+        """One synchronized event that puts every stream's event times on the host clock (one sync per trace)."""
+        if self._epoch is None:
+            torch.cuda.synchronize()
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream())
+            torch.cuda.synchronize()
+            self._epoch = (time.perf_counter_ns(), ev)
+
     def _requests(self, p: _Pending) -> tuple[int, list[dict[str, Any]]]:
         """(live rows, request rows) of a step, from its host copies (built in write order)."""
         arr = {n: h for n, h, *_ in p.arrays}
@@ -481,10 +491,10 @@ class SglangTracer:
         spans = []
         for stream, name, a, b in p.spans:
             if isinstance(a, torch.cuda.Event):
-                # GPU spans on the host clock: the end event's host time minus the measured duration.
-                dur = int(a.elapsed_time(b) * 1e6)
-                end = p.step_kw["end_ns"]
-                spans.append(StreamSpan(stream, name, end - dur, end))
+                # GPU spans on the host clock, through the epoch event recorded at the first GPU span.
+                e_ns, ev = self._epoch
+                spans.append(StreamSpan(stream, name, e_ns + int(ev.elapsed_time(a) * 1e6),
+                                        e_ns + int(ev.elapsed_time(b) * 1e6)))
             else:
                 spans.append(StreamSpan(stream, name, int(a), int(b)))
         extra: dict[str, Any] = {}
@@ -586,7 +596,9 @@ def _installed_sglang_version() -> str:
 def _timed(tr: SglangTracer | None) -> tuple[int, Any]:
     start = time.perf_counter_ns()
     ev = None
-    if tr is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+    if (tr is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+            and not torch.cuda.is_current_stream_capturing()):
+        tr._ensure_epoch()
         ev = torch.cuda.Event(enable_timing=True)
         ev.record(torch.cuda.current_stream())
     return start, ev
