@@ -27,6 +27,7 @@ from .model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 Ops = TorchOps | FlashinferOps
+ROPE_TABLE_MIN_ROWS = 32768
 
 
 class RMSNorm(nn.Module):
@@ -298,7 +299,11 @@ class LlamaForCausalLM(nn.Module):
 
     def _build_ops(self, name: OpsName, device: torch.device) -> Ops | None:
         self.fuse_projections()
-        return fused_ops.make_ops(name, self.rotary.inv_freq(device), self.config.max_position_embeddings)
+        # The RoPE table is indexed by position on the GPU, unchecked (a check would be a host sync). The session
+        # bounds positions by the target's max_position_embeddings only, so a draft declaring fewer still gets a
+        # table that covers common run lengths (16 MB at head_dim 128).
+        rows = max(self.config.max_position_embeddings, ROPE_TABLE_MIN_ROWS)
+        return fused_ops.make_ops(name, self.rotary.inv_freq(device), rows)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] (model dtype) -> logits [..., vocab] float32."""
