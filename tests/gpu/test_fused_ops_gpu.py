@@ -298,7 +298,9 @@ def _assert_same_greedy(fused: list, plain: list, oracle: LlamaForCausalLM) -> i
         if f.output == p.output:
             equal += 1
             continue
-        j = next(i for i, (x, y) in enumerate(zip(f.output, p.output, strict=False)) if x != y)
+        j = next((i for i, (x, y) in enumerate(zip(f.output, p.output, strict=False)) if x != y), None)
+        assert j is not None, f"request {f.request_id}: one output is a prefix of the other ({f.finish_reason}, " \
+                              f"{p.finish_reason})"
         m = _margin(oracle, p.prompt + p.output[:j], f.output[j], p.output[j])
         assert m < NEAR_TIE, (f"request {f.request_id}: fused and plain ops part at output token {j} "
                               f"({f.output[j]} vs {p.output[j]}) where the target's logits differ by {m:.3f}")
