@@ -102,3 +102,15 @@ def test_bad_configurations_are_one_sentence_errors() -> None:
         EngineConfig(faults=frozenset({"no-plan-wait"})).validate()
     with pytest.raises(ConfigError, match="verify-tokens"):
         EngineConfig(verify_tokens=40).validate()
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_record_attention_samples_every_nth_step(tmp_path, every: int) -> None:
+    """--record-attention N keeps layer 0's attention on exactly the forwards whose step index is a multiple of N."""
+    _, p, _ = run(tmp_path, f"attn{every}", num_requests=3, max_new_tokens=8, record_attention=every)
+    steps = steps_of(p)
+    sampled = {s.index for s in steps if s.array("attn_q") is not None}
+    forwards = {s.index for s in steps if s.graph != GraphPhase.CAPTURE}
+    assert sampled == {i for i in forwards if i % every == 0}
+    assert len(sampled) >= 5
+    assert list(check_steps(steps)) == []  # D1 / D2 agree on every sampled step
