@@ -112,3 +112,35 @@ def test_old_trace_without_attn_call_is_replayable_from_derived_arguments(clean:
     call = recorded_call(old)
     assert not call.args_recorded and call.q_len_per_req == recorded_call(step).q_len_per_req
     assert replay(call, "cpu", "reference", "float32").agrees
+
+
+def test_differential_check_flags_the_steps_replay_disagrees_on(fault: str, clean: str) -> None:
+    from specscope.backend.replay import replay
+    from specscope.tracer.differential import differential_check
+
+    for path in (fault, clean):
+        with TraceReader(path) as r:
+            steps = [r.step(s.index) for s in r.iter_summaries() if s.mode == ForwardMode.TARGET_VERIFY
+                     and s.graph.value == "replay"][:4]
+        flagged = {v.step for v in differential_check(steps)}
+        disagree = {s.index for s in steps if not replay(recorded_call(s), "cpu", "reference", "float32").agrees}
+        assert flagged == disagree
+        assert bool(disagree) == (path == fault)
+
+
+@pytest.mark.gpu
+def test_gpu_replay_of_each_mode_agrees(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On a GPU host: record with the flashinfer kernels, replay one call per mode on cuda; kernel == reference."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "gpu.db"
+    p = subprocess.run([sys.executable, "-m", "specscope.ui.cli", "run", "--requests", "8", "--batch-size", "4",
+                        "--max-new-tokens", "16", "--record-attention", "1", "--quiet", "-o", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    for mode in (ForwardMode.EXTEND, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND):
+        i = first_step(str(out), mode, min_bs=2 if mode != ForwardMode.EXTEND else 1)
+        assert main(["replay", str(out), "--step", str(i), "--device", "cuda", "--json"]) == 0, mode
+        res = json.loads(capsys.readouterr().out)
+        assert res["kernel"] != "reference" and res["worst"]["kernel-vs-reference"] < res["tol"]
