@@ -4,16 +4,12 @@ paths the status line shows, and therefore the snapshots, do not depend on where
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SAMPLES = os.path.join("samples", "traces")
-
-
-def sample(name: str) -> str:
-    """A sample trace, relative to the repository root."""
-    return os.path.join(SAMPLES, f"{name}.db")
+sys.path.insert(0, os.path.dirname(__file__))
+from tui_samples import ROOT, sample  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -239,39 +239,38 @@ class DetailPanel(TextPane):
     """Forward mode, draft step, graph phase (and its capture), bs vs padded bs, T vs K, max_seq_len_q/k, timings."""
 
     def show(self, st: Step, s: StepSummary, capture: int | None, kernel: str, nviol: int) -> None:
-        """Draw the detail of one step."""
-        t = Text()
+        """Draw the detail of one step: short lines that do not wrap (the ends are cut on narrow panes)."""
+        t = Text(no_wrap=True, overflow="ellipsis")
         mode = st.mode.value + (f" #{st.step_id}" if st.step_id is not None else "")
         t.append(f"step {st.index}", style="bold")
         t.append(f"  {st.model} {mode}", style="bold #87d7ff")
-        t.append(f"  iteration {st.iteration}\n")
+        t.append(f"  iter {st.iteration}\n")
         g = st.graph.value
-        if st.graph.value == "replay":
+        if g == "replay":
             g += f" of capture {capture}" if capture is not None else " (capture not in trace)"
-        t.append(f"{g}", style="#d7afff")
+        t.append(g, style="#d7afff")
         pad = st.padded_batch_size - st.batch_size
-        t.append(f"  bs {st.batch_size} / padded {st.padded_batch_size}")
+        t.append(f" · bs {st.batch_size}/{st.padded_batch_size}")
         if pad:
             t.append(f" (+{pad} pad)", style="#ffaf00")
-        tk = "T≠K" if st.tokens_per_request != st.num_draft_tokens else "T=K"
-        t.append(f"  T {st.tokens_per_request} K {st.num_draft_tokens} ")
-        t.append(tk, style="#ff5f5f" if tk == "T≠K" else "grey62")
+        t.append(f" · T {st.tokens_per_request} K {st.num_draft_tokens}")
+        if st.tokens_per_request != st.num_draft_tokens:
+            t.append(" T≠K", style="#ff5f5f")
         t.append("\n")
         sc = st.scalars
-        q, k = sc.get("max_seq_len_q"), sc.get("max_seq_len_k")
-        t.append(f"max_seq_len_q {q}  max_seq_len_k {k}")
+        t.append(f"max_seq_len_q {sc.get('max_seq_len_q', '-')} · max_seq_len_k {sc.get('max_seq_len_k', '-')}")
         if "kernel_q_len" in sc:
-            t.append(f"  kernel_q_len {sc['kernel_q_len']}")
+            t.append(f" · kernel_q_len {sc['kernel_q_len']}")
         if "captured_max_seq_len_q" in sc and st.graph.value == "replay":
-            t.append(f"  frozen q {sc['captured_max_seq_len_q']}")
-        t.append(f"  kernel {kernel}\n")
-        t.append(f"host {fmt_ns(st.end_ns - st.start_ns)}", style="grey70")
+            t.append(f" · frozen q {sc['captured_max_seq_len_q']}")
+        t.append("\n")
+        t.append(f"{kernel} · host {fmt_ns(st.end_ns - st.start_ns)}", style="grey70")
         for sp in st.spans:
-            t.append(f"  {sp.stream}:{sp.name} {fmt_ns(sp.end_ns - sp.start_ns)}", style="grey70")
+            t.append(f" · {sp.stream}:{sp.name} {fmt_ns(sp.end_ns - sp.start_ns)}", style="grey70")
         if st.errors:
             t.append(f"\n{len(st.errors)} call error(s): {st.errors[0].call}: {st.errors[0].message}", style="bold red")
-        if nviol:
-            t.append(f"\n{nviol} violation(s) — n / N jump, Tab to the violations pane", style="bold #ff5f5f")
+        elif nviol:
+            t.append(f"\n{nviol} violation(s) — n / N: next / previous", style="bold #ff5f5f")
         self.update(t)
 
 
@@ -287,6 +286,7 @@ class RequestsTable(DataTable):
         self.cursor_type = "row"
         self.zebra_stripes = True
         self.add_columns("row", "req", "slot", "seq before→after", "q", "acc", "draft", "accepted")
+        self.fixed_columns = 2  # row and request id stay while the table scrolls sideways
 
     def show(self, st: Step, byte_level: bool, highlight_row: int | None) -> None:
         """Fill with the step's requests."""
@@ -337,7 +337,7 @@ class PageGrid(ScrollView, can_focus=True):
     # -- layout ----------------------------------------------------------------------------------
 
     def _label_w(self) -> int:
-        return 30
+        return 32
 
     def _cell_w(self) -> int:
         if self.grid is None:
@@ -423,7 +423,7 @@ class PageGrid(ScrollView, can_focus=True):
         sx = int(self.scroll_offset.x)
         gw = max(0, width - lw)
         if y == 0:
-            label = f"{'row':>3} {'req':>5} {'cache_sl':>8} {'cu_q':>4} {'cu_k':>6}"
+            label = f"{'row':>3} {'req':>5} {'cache_sl':>8} {'cu_q':>5} {'cu_k':>6} "
             segs = [Segment(label.ljust(lw)[:lw], _S_HEAD)]
             head = []
             for c in range(self._ncells()):
@@ -439,7 +439,7 @@ class PageGrid(ScrollView, can_focus=True):
             # cu_seqlens have rows+1 entries: the last one (the token totals) sits under the last row.
             q = _at(g.cu_seqlens_q, r)
             k = _at(g.cu_seqlens_k, r)
-            label = f"{'end':>3} {'':>5} {'':>8} {q:>4} {k:>6}"
+            label = f"{'end':>3} {'':>5} {'':>8} {q:>5} {k:>6} "
             return Strip([Segment(label.ljust(width)[:width], _S_DIM)], width)
         if r == g.rows + 1:
             return Strip(self._legend(width)).crop_extend(0, width, None)
@@ -449,7 +449,7 @@ class PageGrid(ScrollView, can_focus=True):
         rid = g.request_ids[r]
         label_style = _S_DIM if r >= g.live_rows else Style()
         segs = [Segment(f"{r:>3} ", label_style), Segment(f"{'pad' if rid is None else rid:>5} ", label_style)]
-        for name, arr, w in (("cache_seqlens", g.cache_seqlens, 8), ("cu_seqlens_q", g.cu_seqlens_q, 4),
+        for name, arr, w in (("cache_seqlens", g.cache_seqlens, 8), ("cu_seqlens_q", g.cu_seqlens_q, 5),
                              ("cu_seqlens_k", g.cu_seqlens_k, 6)):
             st = _S_HIT if hl is not None and hl.array == name and hl.row == r else label_style
             segs.append(Segment(f"{_at(arr, r):>{w}}", st))
