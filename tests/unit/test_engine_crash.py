@@ -42,3 +42,56 @@ def test_sigkill_during_run_keeps_committed_steps(tmp_path) -> None:
     assert n >= seen and len(steps) == n
     assert [s.index for s in steps] == list(range(n))
     assert list(check_steps(steps)) == []  # every committed step is whole and consistent
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes whose parent is `pid` (Linux /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            out.append((int(d), cmd))
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the writer child through /proc")
+def test_killed_writer_child_ends_the_run_with_one_line(tmp_path) -> None:
+    """The writer child dies mid-run: the engine stops with one line naming it, and every step the writer had
+    committed reads back and checks clean."""
+    path = str(tmp_path / "writer-killed.db")
+    proc = subprocess.Popen([sys.executable, "-m", "specscope.ui.cli", "run", "--device", "cpu", "--requests", "64",
+                             "--batch-size", "4", "--max-new-tokens", "64", "--quiet", "-o", path],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, seen = time.time() + 120, 0
+        while time.time() < deadline and seen < 30:
+            time.sleep(0.5)
+            try:
+                with TraceReader(path) as r:
+                    seen = r.num_steps()
+            except Exception:  # noqa: BLE001 - the file may be mid-creation
+                seen = 0
+        assert seen >= 30, "the run did not get far enough"
+        writers = [p for p, cmd in _children(proc.pid) if "process_writer" in cmd]
+        assert len(writers) == 1, _children(proc.pid)
+        os.kill(writers[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specscope: error:") and "writer" in lines[0], err
+    assert "Traceback" not in err
+    with TraceReader(path) as r:
+        steps = list(r.steps())
+    assert len(steps) >= seen and [s.index for s in steps] == list(range(len(steps)))
+    assert list(check_steps(steps)) == []
