@@ -221,3 +221,23 @@ def test_trace_processor_reads_the_slices_back(tmp_path: Path) -> None:
         tp.close()
     names = {row.name for row in rows}
     assert "verify" in names and "plan: verify metadata" in names
+
+
+def test_recorded_waits_become_flows(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from test_export_common import recorded
+
+    path = recorded(tmp_path_factory, "plan-stream", ["--plan-stream"])
+    with TraceReader(path) as r:
+        events = build_events(r)
+        waits = []
+        for s in r.iter_summaries():
+            st = r.step(s.index, arrays=())
+            spans = {(x.stream, x.name) for x in st.spans}
+            waits += [w for w in st.waits if (w.on_stream, w.on_span) in spans]
+    assert_well_formed(events)
+    assert waits, "the plan-stream run recorded no wait edges"
+    starts = [e for e in events if e["ph"] == "s"]
+    assert len(starts) == len(waits)
+    # plan waited on the compute producers; compute waited on the plan metadata: flows go both ways.
+    tids = {(e["tid"] % 100) for e in starts}
+    assert tids == {10, 20}
