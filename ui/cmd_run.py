@@ -184,7 +184,11 @@ def preflight(args: argparse.Namespace) -> tuple[object, list[str]]:
 
     warnings = check_flags(args)
     cfg = config_from_args(args)
-    guess = "cpu" if cfg.device == "auto" and not _gpu_visible_without_torch() else None
+    gpu = _gpu_visible_without_torch()
+    if cfg.device.startswith("cuda") and not gpu:
+        raise ValueError(f"--device {cfg.device} was asked for, but this machine shows no NVIDIA GPU (no "
+                         "/dev/nvidiactl); use --device cpu")
+    guess = "cpu" if cfg.device == "auto" and not gpu else None
     cfg.preflight(device=guess)
     if not args.random_weights:
         for m in (cfg.model, cfg.draft if cfg.spec_steps else None):

@@ -171,6 +171,16 @@ RUN_ERRORS = [
 ]  # fmt: skip
 
 
+def _gpu_nodes() -> bool:
+    from specscope.ui.cmd_run import _gpu_visible_without_torch
+
+    return _gpu_visible_without_torch()
+
+
+if not _gpu_nodes():
+    RUN_ERRORS.append((["--device", "cuda"], "--device cuda was asked for, but this machine shows no NVIDIA GPU"))
+
+
 @pytest.mark.parametrize("argv,expect", RUN_ERRORS, ids=[" ".join(a) or "empty" for a, _ in RUN_ERRORS])
 def test_run_refuses_bad_flags_before_torch(argv: list[str], expect: str, tmp_path: Path) -> None:
     t0 = time.perf_counter()
