@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("dash")
 pytest.importorskip("playwright")
 
-from conftest import FAULT, screenshot_dir  # noqa: E402
+from conftest import FAULT, SAMPLES, screenshot_dir  # noqa: E402
 from specscope.tracer.checks import check_steps  # noqa: E402
 from specscope.tracer.diff import diff_traces  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402
@@ -58,8 +58,9 @@ def page(browser: object, server: str) -> Iterator[object]:
     watch.attach(pg)
     pg.set_default_timeout(TIMEOUT_MS)
     yield pg
+    problems = list(watch.problems)  # before closing: closing aborts whatever is still loading
     ctx.close()
-    assert watch.problems == [], watch.problems
+    assert problems == [], problems
 
 
 def _rendered(page: object, graph_id: str) -> None:
@@ -72,10 +73,10 @@ def _idle(page: object) -> None:
     page.wait_for_timeout(150)  # type: ignore[attr-defined]
 
 
-def _shot(page: object, name: str) -> None:
+def _shot(page: object, name: str, full_page: bool = True) -> None:
     d = screenshot_dir()
     if d:
-        page.screenshot(path=os.path.join(d, f"web-{name}.png"), full_page=True)  # type: ignore[attr-defined]
+        page.screenshot(path=os.path.join(d, f"web-{name}.png"), full_page=full_page)  # type: ignore[attr-defined]
 
 
 def _center(page: object, selector: str) -> tuple[float, float]:
@@ -92,7 +93,6 @@ def test_timeline_range_and_click_to_step(page: object) -> None:
     assert p.locator("#tl-gantt .bars .point").count() > 0  # type: ignore[attr-defined]
     assert "steps 0–99" in p.inner_text("#tl-window-stats")  # type: ignore[attr-defined]
     _idle(p)
-    _shot(p, "timeline")
     # Zoom with the range slider: its end handle, moved with the keyboard.
     handle = p.locator("#tl-range [role=slider]").nth(1)  # type: ignore[attr-defined]
     handle.focus()
@@ -107,11 +107,37 @@ def test_timeline_range_and_click_to_step(page: object) -> None:
     _idle(p)
 
 
+def test_timeline_of_a_plan_stream_trace(browser: object) -> None:
+    # Real H200 timings with the plan stream on: the overlap chart has bars and the window has a hidden share.
+    app = create_app(os.path.join(SAMPLES, "h200-plan-stream.db"))
+    srv, url = serve_in_thread(app)
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
+    p = ctx.new_page()
+    watch = Watch()
+    watch.attach(p)
+    try:
+        p.goto(url + "/")
+        for g in ("tl-overview", "tl-gantt", "tl-overlap"):
+            _rendered(p, g)
+        assert p.locator("#tl-overlap .bars .point").count() > 0
+        stats = p.inner_text("#tl-window-stats")
+        assert re.search(r"plan hidden under compute\s+\d+\.\d%", stats), stats
+        _idle(p)
+        _shot(p, "timeline")
+        problems = list(watch.problems)
+    finally:
+        ctx.close()
+        srv.shutdown()
+    assert problems == [], problems
+
+
 def test_step_explorer_buttons_keys_and_heatmap(page: object) -> None:
     p = page
     with TraceReader(FAULT) as r:
         n = r.num_steps()
-        first = min(v.step for v in check_steps(r.steps()) if v.check_id == "I10")
+        bad = {v.step for v in check_steps(r.steps()) if v.check_id == "I10"}
+        verify = [i for i in sorted(bad) if r.summary(i).mode.value == "TARGET_VERIFY" and i + 2 < n]
+        first = verify[0] if verify else min(bad)  # a verify step shows the draft chain too
         step = r.step(first)
     p.goto(f"/step/{first}")  # type: ignore[attr-defined]
     _rendered(p, "step-heatmap")
@@ -151,11 +177,13 @@ def test_step_urls_load_directly_and_bad_ones_say_why(page: object) -> None:
         n = r.num_steps()
     p.goto(f"/step/{n - 1}")  # type: ignore[attr-defined]
     p.wait_for_selector("#step-page")  # type: ignore[attr-defined]
+    p.wait_for_load_state("networkidle")  # type: ignore[attr-defined]
     assert "disabled" in (p.get_attribute("#step-next", "class") or "")  # type: ignore[attr-defined]
     for url, msg in ((f"/step/{n + 5}", f"no step {n + 5}"), ("/step/abc", "no page"),
                      ("/step/1?trace=/etc/passwd", "no trace"), ("/nope", "no page")):
         p.goto(url)  # type: ignore[attr-defined]
         p.wait_for_selector("#error-message")  # type: ignore[attr-defined]
+        p.wait_for_load_state("networkidle")  # type: ignore[attr-defined]  # leaving earlier aborts script loads
         assert msg in p.inner_text("#error-message"), url  # type: ignore[attr-defined]
         assert "Traceback" not in p.content()  # type: ignore[attr-defined]
     _idle(p)
@@ -172,7 +200,7 @@ def test_violations_link_to_the_highlighted_step(page: object) -> None:
         assert p.locator(f"#viol-{cid}").count() == 1, cid  # type: ignore[attr-defined]
     assert f"{len(found)} violations" in p.inner_text("#viol-progress")  # type: ignore[attr-defined]
     _idle(p)
-    _shot(p, "violations")
+    _shot(p, "violations", full_page=False)
     link = p.locator("#viol-I10 .viol-link").first  # type: ignore[attr-defined]
     href = link.get_attribute("href")
     link.click()

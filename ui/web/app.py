@@ -51,7 +51,7 @@ main{padding:8px 16px} h2{margin:8px 0} h3{margin:12px 0 6px;font-size:15px}
 .tok.bonus{background:#bbdefb} .cell-detail{margin:4px 0;font-size:13px}
 .error-panel{padding:16px;border:1px solid #e57373;background:#ffebee;margin:16px 0}
 .slider{margin:4px 24px 12px} .viol-group summary{cursor:pointer;font-weight:600;margin:6px 0}
-.viol-group li{font-size:13px;margin:2px 0}
+.viol-group li{font-size:13px;margin:2px 0} #step-violations{font-size:13px;padding-left:18px}
 """
 
 # Arrow keys step through the explorer by clicking its prev / next links (ignored while typing in a field).

@@ -19,6 +19,7 @@ KIND_COLORS = {
     CellKind.PADDED: "#bdbdbd", CellKind.FRESH: "#31a354", CellKind.OK: "#9ecae1", CellKind.UNREAD: "#f0f0f0",
 }  # fmt: skip
 KINDS = list(CellKind)
+DARK_KINDS = (CellKind.OUT_OF_RANGE, CellKind.STALE, CellKind.SHARED, CellKind.FRESH)  # white text on these
 LANES = ["host", "plan", "compute"]
 MAX_HEATMAP_COLS = 256  # wider page tables are shown binned (views.bin_columns keeps the most notable kind)
 

@@ -46,6 +46,10 @@ def graph(id: str, fig: object) -> dcc.Graph:
     return dcc.Graph(id=id, figure=fig, config=GRAPH_CONFIG)
 
 
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:,.2f} ms" if ns >= 1_000_000 else views.fmt_ns(ns)
+
+
 def _fmt_share(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -80,12 +84,13 @@ def timeline_window(src: TraceSource, lo: int, hi: int) -> dict[str, object]:
     stats = [
         ("window", note),
         ("plan hidden under compute", _fmt_share(tot["plan_hidden_share"])),  # type: ignore[arg-type]
-        ("compute busy", views.fmt_ns(int(tot["compute_ns"]))),  # type: ignore[arg-type]
-        ("GPU idle gaps", f"{tot['gaps']} gaps, {views.fmt_ns(int(tot['idle_ns']))} "  # type: ignore[arg-type]
+        ("compute busy", _ms(int(tot["compute_ns"]))),  # type: ignore[arg-type]
+        ("GPU idle gaps", f"{tot['gaps']} gaps, {_ms(int(tot['idle_ns']))} "  # type: ignore[arg-type]
                           f"({_fmt_share(tot['idle_share'])} of compute time)"),  # type: ignore[arg-type]
     ]  # fmt: skip
     top = sorted(gaps, key=lambda g: g.start_ns - g.end_ns)[:8]
-    gap_rows = [(dcc.Link(f"{g.after_step} → {g.before_step}", href=step_href(g.before_step)),
+    gap_rows = [(dcc.Link(f"{g.after_step} → {g.before_step}" if g.after_step != g.before_step
+                          else f"inside step {g.before_step}", href=step_href(g.before_step, src.key)),
                  views.fmt_ns(g.end_ns - g.start_ns)) for g in top]
     return {
         "gantt": figures.gantt_figure(spans),
@@ -199,7 +204,9 @@ def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Di
         heat = graph("step-heatmap", figures.heatmap_figure(grid, None if hl is None else (hl, col)))  # type: ignore[arg-type]
         legend = html.Div([html.Span(f"{views.SYMBOLS[k] if views.SYMBOLS[k].strip() else '□'} {views.KIND_TEXT[k]}"
                                      f" ({grid.counts.get(k, 0)})", className="chip",
-                                     style={"background": figures.KIND_COLORS[k]}) for k in views.CellKind],
+                                     style={"background": figures.KIND_COLORS[k],
+                                            "color": "#fff" if k in figures.DARK_KINDS else "#000"})
+                           for k in views.CellKind],
                           className="legend")
         seq_rows = []
         for b in range(len(grid.cells)):
@@ -337,7 +344,7 @@ def _name(src: TraceSource) -> str:
 def violations_body(src: TraceSource, state: object) -> html.Div:
     """The grouped violations found so far, each example linking to its step with the cell highlighted."""
     st = state
-    groups = models.violation_groups(st.violations)  # type: ignore[attr-defined]
+    groups = models.violation_groups(st.violations, max_examples=20)  # type: ignore[attr-defined]
     done = st.checked_steps >= st.num_steps  # type: ignore[attr-defined]
     where = ("stored in the trace" if st.source == "trace"  # type: ignore[attr-defined]
              else "found by the checker in this dashboard (the trace stores none)")

@@ -19,7 +19,7 @@ MODES: tuple[str, ...] = tuple(m.value for m in ForwardMode)
 GRAPHS: tuple[str, ...] = tuple(g.value for g in GraphPhase)
 MAX_ACCEPT = 64  # accept-length histogram columns kept per step (K is a handful in practice)
 _STEP_CACHE = 64
-CONTEXT_STEPS = 200  # steps the per-step checker replays before the step it judges
+CONTEXT_STEPS = 24  # steps (a few iterations) the per-step checker replays before the step it judges
 
 
 @dataclass

@@ -1,0 +1,229 @@
+"""Dashboard benchmark: time to the first rendered timeline and to a step page, in headless chromium, on a 100k-step
+trace written through TraceWriter (benchmarks/trace_store.py's Workload: bs=64, ~4k-token contexts).
+
+Measured from the browser's side: `page.goto` until the page's figures are drawn (their `.main-svg` exists and
+Dash has no callback in flight), in a fresh browser context each time (so every load fetches the scripts again);
+the first load of a run is reported apart (cold caches in the server and the OS). A step page is measured both
+as a fresh load of `/step/N` and as the in-page move to the next step (the → key), which is what stepping costs.
+
+    python benchmarks/web.py --steps 100000 --out benchmarks/results/web.json --md benchmarks/results/web.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from trace_store import Workload, run_info  # noqa: E402
+
+TARGETS = {"timeline_s": 2.0, "step_s": 0.5}
+CHROMIUM = "/usr/bin/chromium"
+DONE_JS = "() => !document.querySelector('[data-dash-is-loading=\"true\"]')"
+
+
+def write_trace(path: str, steps: int, seed: int) -> float:
+    """Write `steps` synthetic steps; returns the seconds it took."""
+    from specscope.tracer.store import TraceWriter
+
+    t = time.perf_counter()
+    gen = Workload(seed=seed).steps()
+    w = TraceWriter(path, run_info(argparse.Namespace()))
+    for _ in range(steps):
+        w.write_step(next(gen))
+    w.close()
+    return time.perf_counter() - t
+
+
+def _wait_graphs(page: object, ids: list[str]) -> None:
+    for g in ids:
+        page.wait_for_selector(f"#{g} .main-svg", state="attached", timeout=60_000)  # type: ignore[attr-defined]
+    page.wait_for_function(DONE_JS, timeout=60_000)  # type: ignore[attr-defined]
+
+
+def _load(browser: object, url: str, ids: list[str]) -> tuple[float, object, object]:
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
+    page = ctx.new_page()
+    t = time.perf_counter()
+    page.goto(url)
+    _wait_graphs(page, ids)
+    return time.perf_counter() - t, ctx, page
+
+
+def bench(args: argparse.Namespace) -> dict:
+    """Run the benchmark; returns the results dict."""
+    from playwright.sync_api import sync_playwright
+    from specscope.ui.web.app import create_app
+    from specscope.ui.web.server import serve_in_thread
+
+    workdir = tempfile.mkdtemp(prefix="specscope-web-bench-")
+    path = args.trace or os.path.join(workdir, "bench.db")
+    write_s = None
+    if not args.trace:
+        write_s = write_trace(path, args.steps, args.seed)
+    t = time.perf_counter()
+    app = create_app(path)
+    startup_s = time.perf_counter() - t
+    n = app.dashboard.sources["a"].num_steps()  # type: ignore[attr-defined]
+    srv, url = serve_in_thread(app)
+    timeline, step_load, step_next, payload = [], [], [], {}
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            sizes: list[int] = []
+            for k in range(args.repeats + 1):
+                ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+                page = ctx.new_page()
+                if k == 1:
+                    page.on("response", lambda r: sizes.append(len(r.body())) if "_dash-update-component" in r.url
+                            else None)
+                t = time.perf_counter()
+                page.goto(url + "/")
+                _wait_graphs(page, ["tl-overview", "tl-gantt", "tl-overlap"])
+                timeline.append(time.perf_counter() - t)
+                ctx.close()
+            payload["timeline_callback_bytes"] = sum(sizes)
+            mid = n // 2
+            for k in range(args.repeats + 1):
+                i = mid + 97 * k
+                dt, ctx, page = _load(browser, f"{url}/step/{i}", ["step-heatmap"])
+                step_load.append(dt)
+                for j in range(args.next_steps):
+                    want = f"step {i + j + 1} of {n}"
+                    t = time.perf_counter()
+                    page.keyboard.press("ArrowRight")  # type: ignore[attr-defined]
+                    page.wait_for_function(f"() => document.querySelector('#step-pos')?.innerText === '{want}'",  # type: ignore[attr-defined]
+                                           timeout=60_000)
+                    _wait_graphs(page, ["step-heatmap"])
+                    step_next.append(time.perf_counter() - t)
+                ctx.close()  # type: ignore[attr-defined]
+            browser.close()
+    finally:
+        srv.shutdown()
+        app.dashboard.sources["a"].close()  # type: ignore[attr-defined]
+    if not args.trace and not args.keep:
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                os.remove(path + suffix)
+        os.rmdir(workdir)
+
+    def stats(xs: list[float]) -> dict[str, float]:
+        return {"median_s": round(statistics.median(xs), 3), "max_s": round(max(xs), 3), "n": len(xs)}
+
+    res = {
+        "steps": n,
+        "write_s": None if write_s is None else round(write_s, 1),
+        "server_startup_s": round(startup_s, 3),
+        "timeline_first_load_s": round(timeline[0], 3),
+        "timeline": stats(timeline[1:]),
+        "step_page_first_load_s": round(step_load[0], 3),
+        "step_page_load": stats(step_load[1:]),
+        "step_next_key": stats(step_next),
+        **payload,
+        "targets": TARGETS,
+        "machine": {
+            "cpu_cores": os.cpu_count(), "cpu": _cpu_model(), "platform": platform.platform(),
+            "load_average_1min_at_end": round(os.getloadavg()[0], 2), "python": platform.python_version(),
+            "sqlite": sqlite3.sqlite_version, "dash": version("dash"), "plotly": version("plotly"),
+            "playwright": version("playwright"), "chromium": _chromium_version(),
+        },  # fmt: skip
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": "python benchmarks/web.py " + shlex.join(sys.argv[1:]),
+    }
+    res["pass"] = {
+        "timeline_s": res["timeline"]["median_s"] <= TARGETS["timeline_s"],
+        "step_s": res["step_next_key"]["median_s"] <= TARGETS["step_s"],
+    }
+    return res
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _chromium_version() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def markdown(res: dict, note: str) -> str:
+    """A short report of a results dict."""
+    m, t, ok = res["machine"], res["targets"], res["pass"]
+
+    def mark(k: str) -> str:
+        return "pass" if ok[k] else "**MISS**"
+
+    tl, sl, sn = res["timeline"], res["step_page_load"], res["step_next_key"]
+    return f"""# Dashboard benchmark
+
+- Machine: {m["cpu_cores"]} CPU cores ({m["cpu"]}), {m["platform"]}; load average at the end {m["load_average_1min_at_end"]}
+- Python {m["python"]}, SQLite {m["sqlite"]}, Dash {m["dash"]}, Plotly {m["plotly"]}, Playwright {m["playwright"]},
+  {m["chromium"]} (headless)
+- Date: {res["date"]}
+- Command: `{res["command"]}`
+{note}
+Trace: {res["steps"]:,} steps written through TraceWriter by benchmarks/trace_store.py's Workload (bs=64, ~4k-token
+contexts, 64-token pages){"" if res["write_s"] is None else f", written in {res['write_s']} s"}. The server was
+started with `create_app` (opening the trace and loading its summary columns: {res["server_startup_s"]} s) and
+served on 127.0.0.1; every load below is a fresh browser context, timed from `page.goto` until every figure of
+the page is drawn and no Dash callback is in flight.
+
+| metric | result | target | |
+|---|---|---|---|
+| first rendered timeline | median {tl["median_s"]} s, max {tl["max_s"]} s ({tl["n"]} loads; the very first: {res["timeline_first_load_s"]} s) | <= {t["timeline_s"]} s | {mark("timeline_s")} |
+| step page, next step (→ key) | median {sn["median_s"]} s, max {sn["max_s"]} s ({sn["n"]} moves) | <= {t["step_s"]} s | {mark("step_s")} |
+| step page, fresh load of `/step/N` | median {sl["median_s"]} s, max {sl["max_s"]} s ({sl["n"]} loads; the very first: {res["step_page_first_load_s"]} s) | (page load incl. scripts) | |
+
+The timeline's callback responses carried {res.get("timeline_callback_bytes", 0):,} bytes in all (the overview is
+binned server-side: at most 2,000 bins per mode, never one point per step).
+"""  # noqa: E501
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; exits 1 if a target is missed."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--trace", help="use this existing trace instead of writing one")
+    ap.add_argument("--keep", action="store_true", help="keep the generated trace")
+    ap.add_argument("--repeats", type=int, default=5, help="timed loads after the first one")
+    ap.add_argument("--next-steps", type=int, default=5, help="→ presses per step-page load")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="write the results JSON here")
+    ap.add_argument("--md", help="write a short markdown report here")
+    ap.add_argument("--note", default="", help="a line for the markdown report (e.g. machine load)")
+    args = ap.parse_args(argv)
+    res = bench(args)
+    text = json.dumps(res, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(markdown(res, f"- Note: {args.note}\n" if args.note else ""))
+    return 0 if all(res["pass"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
