@@ -11,7 +11,7 @@ import pytest
 
 # --record-attention 1: every step keeps its attention call (N > 1 sampled nothing in an older engine).
 COMMON = ["--device", "cpu", "--requests", "3", "--batch-size", "2", "--max-new-tokens", "6", "--verify-tokens", "2",
-          "--record-attention", "1", "--quiet"]
+          "--record-attention", "1", "--plan-stream", "--quiet"]  # plan stream: the traces carry wait edges
 FAULT = ["--inject", "max-seq-len-q-override"]
 
 

@@ -226,7 +226,7 @@ def test_trace_processor_reads_the_slices_back(tmp_path: Path) -> None:
 def test_recorded_waits_become_flows(tmp_path_factory: pytest.TempPathFactory) -> None:
     from test_export_common import recorded
 
-    path = recorded(tmp_path_factory, "plan-stream", ["--plan-stream"])
+    path = recorded(tmp_path_factory, "clean", [])  # recorded with --plan-stream
     with TraceReader(path) as r:
         events = build_events(r)
         waits = []
