@@ -222,7 +222,8 @@ class TRTLLMHABackend(AttentionBackend):
                 self.req_to_token[rpi[:, None], self._strided[None, :n_pages]] // self.page_size)
         elif n_pages:
             self._fire("stale-page-table")  # the refresh was skipped: the kernel reads what the buffer held
-        self._wild_page(md, mode, bs)
+        if not in_capture:
+            self._wild_page(md, mode, bs)  # at a replay, so the run gets going before the kernel faults
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, num_tokens: int, fb: ForwardBatch) -> None:
         """Capture: build + apply, then freeze the scalars the graph bakes in."""

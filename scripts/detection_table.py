@@ -5,7 +5,9 @@
     python scripts/detection_table.py --device cuda --out docs/detection-h200.json   # on a GPU host
 
 Each fault runs under its smallest biting settings (backend/faults.py FAULT_SETTINGS) on the embedded models;
-the same run without the fault must be clean. The first detected step is the trace's step index.
+the same run without the fault must be clean. The first detected step is the trace's step index. Beside the
+detection, each row keeps the fault's own accounting (how often it fired, first where), which the checks never
+read. GPU-only faults are skipped on the CPU.
 """
 
 from __future__ import annotations
@@ -24,19 +26,21 @@ from specscope.tracer.schema import Severity
 from specscope.tracer.store import TraceReader
 
 
-def run(device: str, faults: frozenset[str], settings: dict, tmp: Path, name: str) -> tuple[list, int, str]:
+def run(device: str, faults: frozenset[str], settings: dict, tmp: Path, name: str) -> tuple[list, int, str, list, str]:
     cfg = dict(model="tiny", draft="tiny-draft", device=device, dtype="auto", batch_size=4, num_requests=6,
                max_new_tokens=16, spec_steps=3, prompt_len=(16, 80), record_attention=7)
     cfg.update(settings)
     path = tmp / f"{name}.db"
+    failure = ""
     try:
         device_name = run_session(EngineConfig(**cfg, faults=faults), str(path),
                                   command=f"detection_table {name}").device_name
     except Exception as e:  # noqa: BLE001 - a fault may crash the run (as upstream); its trace is still there
-        print(f"  {name}: the run failed: {type(e).__name__}: {e}", flush=True)
+        failure = " ".join(f"{type(e).__name__}: {e}".split())
+        print(f"  {name}: the run failed: {failure}", flush=True)
         device_name = device
     with TraceReader(str(path)) as r:
-        return list(check_steps(r.steps())), r.num_steps(), device_name
+        return list(check_steps(r.steps(), r.run)), r.num_steps(), device_name, r.fault_report(), failure
 
 
 def main() -> None:
@@ -48,19 +52,24 @@ def main() -> None:
     rows = []
     device_name = args.device
     for f in FAULTS:
+        if f.gpu_only and args.device == "cpu":
+            continue
         settings = FAULT_SETTINGS[f.name]
-        bad, steps, device_name = run(args.device, frozenset({f.name}), settings, tmp, f.name)
-        clean, _, _ = run(args.device, frozenset(), settings, tmp, f.name + "-clean")
+        bad, steps, device_name, report, failure = run(args.device, frozenset({f.name}), settings, tmp, f.name)
+        clean, _, _, _, clean_failure = run(args.device, frozenset(), settings, tmp, f.name + "-clean")
         errors = [v for v in bad if v.severity == Severity.ERROR]
         ids: dict[str, int] = {}
         for v in errors:
             ids.setdefault(v.check_id, v.step)
+        rep = next((x for x in report if x.fault == f.name), None)
         rows.append(dict(fault=f.name, settings=settings, expected=f.expected_check,
                          detected=f.expected_check in ids, first_step=ids.get(f.expected_check),
-                         also_caught_by=ids, steps=steps,
-                         clean_errors=sum(v.severity == Severity.ERROR for v in clean)))
+                         also_caught_by=ids, steps=steps, fired=rep.fired if rep else 0,
+                         first_fired=rep.first_step if rep else None, run_failed=failure,
+                         clean_errors=sum(v.severity == Severity.ERROR for v in clean) + bool(clean_failure)))
         print(f"{f.name:32s} expected {f.expected_check:4s} first step {ids.get(f.expected_check)!s:>5s}  "
-              f"all {sorted(ids)}  clean errors {rows[-1]['clean_errors']}", flush=True)
+              f"fired {rows[-1]['fired']} (first {rows[-1]['first_fired']})  all {sorted(ids)}  "
+              f"clean errors {rows[-1]['clean_errors']}", flush=True)
     Path(args.out).write_text(json.dumps(dict(device=device_name, date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                                               command=f"python scripts/detection_table.py --device {args.device}",
                                               rows=rows), indent=1))

@@ -352,17 +352,16 @@ class Recorder:
         self.writer.close()
 
     def _write_after_failure(self, err: BaseException) -> None:
-        """Write every step still held (pending, then begun-but-unfinished) from host-side data only."""
-        recs = list(self._pending) + [r for r in self._open if r not in self._pending]
+        """Write every step still held from host-side data only: the pending ones and those launched but not
+        finished (a step begun but never launched ran nothing and is left out)."""
+        launched = [r for r in self._open if r.index >= 0]
+        recs = sorted(list(self._pending) + launched, key=lambda r: r.index)
         self._pending.clear()
         self._open.clear()
-        for r in recs:
-            self.assign_index(r)
-        recs.sort(key=lambda r: r.index)
         if recs and not any(e.fatal for r in recs for e in r.errors):
-            # The error surfaces at the first host sync after the faulting launch: the step being built then
-            # (or the last one issued) is where it hit.
-            hit = next((r for r in reversed(recs) if r.end_ns == 0), recs[-1])
+            # The error surfaces at the first host sync after the faulting launch: the step launched last and
+            # not finished (or else the last one issued) is where it hit.
+            hit = max(launched, key=lambda r: r.index) if launched else recs[-1]
             hit.errors.append(CallError("cuda", type(err).__name__, str(err), True))
         for r in recs:
             r.end_ns = r.end_ns or time.perf_counter_ns()

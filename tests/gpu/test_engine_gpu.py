@@ -11,10 +11,14 @@ if not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("flashinfer")
 
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
 from specscope.backend.engine_config import EngineConfig  # noqa: E402
+from specscope.backend.faults import FAULT_SETTINGS, FAULTS  # noqa: E402
 from specscope.backend.session import run_session  # noqa: E402
 from specscope.tracer.checks import check_steps  # noqa: E402
-from specscope.tracer.schema import GraphPhase, Severity  # noqa: E402
+from specscope.tracer.schema import ForwardMode, GraphPhase, Severity  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402
 
 
@@ -29,7 +33,7 @@ def _run(tmp_path, name: str, **kw):
 
 def _errors(path: str) -> list:
     with TraceReader(path) as r:
-        return [v for v in check_steps(r.steps()) if v.severity == Severity.ERROR]
+        return [v for v in check_steps(r.steps(), r.run) if v.severity == Severity.ERROR]
 
 
 @pytest.mark.parametrize("page", [16, 64])
@@ -60,7 +64,60 @@ def test_plan_stream_run_is_clean_and_timed(tmp_path) -> None:
     assert any(sp.stream == "plan" for sp in spans) and all(sp.end_ns >= sp.start_ns for sp in spans)
 
 
+def test_plan_stream_order_is_recorded_on_the_gpu_clock(tmp_path) -> None:
+    """The verify's plan work starts after its producers end and its launch after the plan work, by CUDA events."""
+    _, p, _ = _run(tmp_path, "order", plan_stream=True, num_requests=4)
+    with TraceReader(p) as r:
+        verifies = [s for s in r.steps() if s.mode == ForwardMode.TARGET_VERIFY and s.iteration >= 0]
+    assert verifies
+    for s in verifies:
+        sp = {x.name: x for x in s.spans}
+        assert sp["metadata"].stream == "plan" and len(s.waits) == 2
+        assert sp["producers"].end_ns <= sp["metadata"].start_ns <= sp["metadata"].end_ns <= sp["forward"].start_ns
+
+
 def test_no_plan_wait_race_is_caught_on_gpu(tmp_path) -> None:
     _, p, _ = _run(tmp_path, "race", plan_stream=True, faults=frozenset({"no-plan-wait"}), num_requests=4)
-    ids = {v.check_id for v in _errors(p)}
-    assert "I21" in ids
+    errors = _errors(p)
+    assert "I21" in {v.check_id for v in errors}
+    # The race is seen on the GPU's own clock: the plan work started before the (delayed) producers ended.
+    assert any("before compute 'producers' ended" in v.message for v in errors if v.check_id == "I21")
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f.name != "wild-page-id"], ids=lambda f: f.name)
+def test_fault_is_caught_on_gpu(tmp_path, fault) -> None:
+    """Every fault is caught by value-based invariants on the GPU too (a run may fail, as upstream's would)."""
+    path = str(tmp_path / "bad.db")
+    cfg = dict(model="tiny", draft="tiny-draft", device="cuda", dtype="bfloat16", batch_size=4, num_requests=6,
+               max_new_tokens=16, spec_steps=3, prompt_len=(16, 80))
+    cfg.update(FAULT_SETTINGS[fault.name])
+    try:
+        run_session(EngineConfig(**cfg, faults=frozenset({fault.name})), path, command="pytest gpu fault")
+    except Exception:  # noqa: BLE001 - e.g. XQA's argument check rejects the override's regrouping (K1)
+        pass
+    assert fault.expected_check in {v.check_id for v in _errors(path)}
+    with TraceReader(path) as r:
+        assert r.fault_report()[0].fired >= 1
+
+
+def test_sticky_cuda_error_keeps_every_pending_step(tmp_path) -> None:
+    """wild-page-id hands XQA a page id outside any allocation: a real illegal memory access (sticky). The run
+    exits with one line; the trace keeps every pending step, the verify it hit marked with the error verbatim."""
+    path = str(tmp_path / "sticky.db")
+    res = subprocess.run([sys.executable, "-m", "specscope.ui.cli", "run", "--device", "cuda", "--inject",
+                          "wild-page-id", "--requests", "4", "--batch-size", "2", "--max-new-tokens", "16", "--quiet",
+                          "-o", path], capture_output=True, text=True, timeout=900)
+    lines = [x for x in res.stderr.strip().splitlines() if x.strip()]
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert len(lines) == 1 and lines[0].startswith("specscope: error:") and "illegal memory access" in lines[0]
+    with TraceReader(path) as r:
+        steps = list(r.steps())
+        vs = list(check_steps(steps, r.run))
+    assert [s.index for s in steps] == list(range(len(steps)))
+    fatal = [s for s in steps if any(e.fatal for e in s.errors)]
+    assert len(fatal) == 1 and fatal[0].index == steps[-1].index
+    assert fatal[0].mode == ForwardMode.TARGET_VERIFY and "wild-page-id" in fatal[0].faults_fired
+    assert "illegal memory access" in fatal[0].errors[-1].message
+    before = [s for s in steps if s.iteration == fatal[0].iteration and s.mode == ForwardMode.DRAFT_DECODE]
+    assert len(before) == 3  # the iteration's draft steps, still pending when the error hit, were written
+    assert any(v.check_id == "K1" and "fatal" in v.message and v.step == fatal[0].index for v in vs)

@@ -95,3 +95,41 @@ def test_killed_writer_child_ends_the_run_with_one_line(tmp_path) -> None:
         steps = list(r.steps())
     assert len(steps) >= seen and [s.index for s in steps] == list(range(len(steps)))
     assert list(check_steps(steps)) == []
+
+
+def test_sticky_device_error_writes_every_held_step_and_marks_the_one_it_hit(tmp_path) -> None:
+    """The close path after a sticky CUDA error (its message is all that tells one apart), on the CPU: the
+    pending step and the launched-but-unfinished step are written from host data, the latter with the error
+    verbatim as a fatal call error; a step begun but never launched is left out."""
+    import torch
+    from specscope.tracer.process_writer import ProcessTraceWriter
+    from specscope.tracer.recorder import Recorder
+    from specscope.tracer.schema import ForwardMode, GraphPhase
+    from stepgen import make_run
+
+    path = str(tmp_path / "sticky.db")
+    rec = Recorder(ProcessTraceWriter(path, make_run()), torch.device("cpu"))
+    kw = dict(model="target", step_id=None, batch_size=1, padded_batch_size=1, graph=GraphPhase.EAGER,
+              tokens_per_request=4, num_draft_tokens=4, page_size=16)
+    msg = "CUDA error: an illegal memory access was encountered\nCompile with `TORCH_USE_CUDA_DSA` to enable ..."
+    done = rec.begin_step(iteration=0, mode=ForwardMode.DRAFT_DECODE, **kw)
+    rec.snapshot_host(done, "seq_lens_cpu", torch.tensor([5], dtype=torch.int32))
+    rec.end_step(done)
+    hit = rec.begin_step(iteration=0, mode=ForwardMode.TARGET_VERIFY, **kw)
+    rec.begin_step(iteration=0, mode=ForwardMode.DRAFT_EXTEND, **kw)  # prepared, never launched
+    rec.assign_index(hit)  # launched
+    rec.fired(hit, ["wild-page-id"])
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        try:
+            raise RuntimeError(msg)
+        finally:
+            rec.close()
+    with TraceReader(path) as r:
+        steps = list(r.steps())
+        assert [(s.index, s.mode) for s in steps] == [(0, ForwardMode.DRAFT_DECODE), (1, ForwardMode.TARGET_VERIFY)]
+        assert steps[0].errors == () and steps[0].array("seq_lens_cpu").values.tolist() == [5]
+        (err,) = steps[1].errors
+        assert (err.call, err.error_type, err.message, err.fatal) == ("cuda", "RuntimeError", msg, True)
+        assert steps[1].faults_fired == ("wild-page-id",)
+        vs = list(check_steps(steps, r.run))
+    assert [(v.check_id, v.step) for v in vs] == [("K1", 1)] and "fatal" in vs[0].message
