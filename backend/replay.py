@@ -202,6 +202,8 @@ def replay(call: RecordedCall, device: str, attention_kernel: str, dtype_name: s
             "mask": "packed causal (uint16)" if call.has_mask else None, "q": list(call.q.shape),
             "kv_pages": int(call.kv.shape[0]), "dtype": str(dtype).replace("torch.", "")}
     res = ReplayResult(call.step.index, kernels.name, str(dev), call.entry, args, call.args_recorded, tol)
+    if dev.type != "cpu" and kernels.name != attention_kernel:
+        res.notes.append(f"the run used the {attention_kernel} kernels; this GPU runs {kernels.name}")
     got, notes = run_call(call, kernels, dev, dtype)
     ref, _ = run_call(call, ReferenceKernels(), torch.device("cpu"), torch.float32)
     truth, tnotes = ground_truth(call)

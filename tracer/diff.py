@@ -238,7 +238,8 @@ def headline(rep: DiffReport) -> str:
     kernel_q_len=4 instead of 2 (first at capture step 0)"."""
     subject, la, lb = _labels(rep)
     if rep.first is None:
-        return f"no divergence in {rep.steps_compared} paired steps (A {rep.a_steps} steps, B {rep.b_steps})"
+        more = "" if rep.a_steps == rep.b_steps else "; the longer trace has more steps past the end of the other"
+        return f"no divergence in {rep.steps_compared} paired steps (A {rep.a_steps} steps, B {rep.b_steps}){more}"
     main = rep.first_forward or rep.first
     d = sorted(main.differences, key=lambda x: _KIND_ORDER[x.kind])[0]
     text = f"{subject}, {_where(main)} {_lead(d, la, lb)}"

@@ -36,4 +36,5 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_report(rep))
-    return 1 if rep.first is not None or rep.outputs.get("differing") else 0
+    differ = rep.first is not None or rep.outputs.get("differing") or rep.a_steps != rep.b_steps
+    return 1 if differ else 0
