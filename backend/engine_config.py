@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from .faults import FAULTS
 from .model_config import ModelConfig
-from .sizing import Estimate, RunShape, SizingError, check_fits, context_len, cpu_available_bytes, cuda_available_bytes
+from .sizing import (
+    Estimate,
+    RunShape,
+    SizingError,
+    check_fits,
+    check_host_fits,
+    context_len,
+    cpu_available_bytes,
+    cuda_available_bytes,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -170,7 +179,10 @@ class EngineConfig:
             available = cuda_available_bytes(self.device) if on_gpu else cpu_available_bytes()
         where = f"GPU ({self.device})" if on_gpu else "CPU"
         try:
-            return check_fits(self.run_shape(), target, draft, available, where)
+            est = check_fits(self.run_shape(), target, draft, available, where)
+            if on_gpu:
+                check_host_fits(est, cpu_available_bytes())
+            return est
         except SizingError as e:
             raise ConfigError(str(e)) from None
 

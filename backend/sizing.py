@@ -43,11 +43,14 @@ class Estimate:
     graph_buffers: int
     activations: int
     overhead: int
+    requests: int = 0  # host memory of the request objects (prompts, outputs): on the CPU even for a GPU run
+    on_gpu: bool = False
 
     @property
     def total(self) -> int:
-        """Everything together."""
-        return self.weights + self.kv_pool + self.graph_buffers + self.activations + self.overhead
+        """Everything on the run's device (host-side request objects count only when that is the CPU)."""
+        device = self.weights + self.kv_pool + self.graph_buffers + self.activations + self.overhead
+        return device if self.on_gpu else device + self.requests
 
 
 def context_len(prompt_max: int, max_new_tokens: int, verify_tokens: int, page_size: int) -> int:
@@ -103,13 +106,22 @@ def estimate(shape: RunShape, target: ModelConfig, draft: ModelConfig | None) ->
         logits = bs * t * m.vocab_size * 4 * 3  # float32 logits, softmax and argmax copies
         scores = m.num_attention_heads * shape.prompt_max * ctx * 4 * 3  # reference attention, one row
         act = max(act, tokens * per_token + logits + scores)
-    return Estimate(weights, kv, graphs, act, RUNTIME_OVERHEAD)
+    # Measured ~350 B + 8 B per token id per Request (ids < 256 are shared ints); x2 for list growth.
+    reqs = shape.num_requests * (512 + 16 * (shape.prompt_max + shape.max_new_tokens))
+    return Estimate(weights, kv, graphs, act, RUNTIME_OVERHEAD, reqs, shape.on_gpu)
 
 
 def _ladder(max_bs: int) -> list[int]:
     # Mirrors graph_runner.capture_ladder (kept here so sizing needs no torch).
     sizes = [n for n in (1, 2, 4, 8) if n < max_bs] + list(range(16, max_bs, 8))
     return sorted(set(sizes + [max_bs]))
+
+
+def check_host_fits(est: Estimate, available: int | None) -> None:
+    """A GPU run's request objects live in host RAM: refuse when they alone exceed it."""
+    if available is not None and est.requests > available * USABLE_SHARE:
+        raise SizingError(f"the {gb(est.requests)} of request objects (prompts and outputs) exceed the "
+                          f"{gb(available)} of RAM available; use fewer --requests")
 
 
 def cpu_available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
@@ -147,6 +159,8 @@ def check_fits(shape: RunShape, target: ModelConfig, draft: ModelConfig | None, 
         return est
     parts = {"weights": est.weights, "KV pool": est.kv_pool, "graph buffers": est.graph_buffers,
              "activations": est.activations}
+    if not shape.on_gpu and est.requests >= 1e8:
+        parts["requests"] = est.requests
     biggest = max(parts, key=lambda k: parts[k])
     advice = {
         "weights": "a smaller model" + (", --dtype bfloat16" if shape.dtype in ("float32", "float64") else "")
@@ -154,6 +168,7 @@ def check_fits(shape: RunShape, target: ModelConfig, draft: ModelConfig | None, 
         "KV pool": "a smaller --batch-size, --max-new-tokens or --prompt-len",
         "graph buffers": "a smaller --batch-size or --no-cuda-graph",
         "activations": "a smaller --batch-size or --prompt-len",
+        "requests": "fewer --requests",
     }[biggest]
     detail = ", ".join(f"{k} {gb(v)}" for k, v in parts.items())
     raise SizingError(f"this run needs about {gb(est.total)} ({detail}) but the {where} has "

@@ -118,3 +118,18 @@ def test_preflight_needs_no_torch() -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "False"
+
+
+def test_a_billion_requests_is_refused_for_their_host_memory() -> None:
+    cfg = EngineConfig(device="cpu", num_requests=10**9).validate(memory=False)
+    target, draft = cfg.model_configs()
+    with pytest.raises(ConfigError, match=r"requests 3\d\d\d\.\d GB\) but the CPU has 64\.0 GB available; use fewer "
+                                          r"--requests"):
+        cfg.check_memory(target, draft, available=64 * 10**9)
+    gpu = EngineConfig(device="cuda", num_requests=10**9).validate(memory=False)
+    est = estimate(gpu.run_shape(), target, draft)
+    assert est.total < 10**9 < est.requests  # GPU memory holds no request objects ...
+    from specscope.backend.sizing import check_host_fits
+
+    with pytest.raises(SizingError, match="of request objects .* exceed the 64.0 GB of RAM available"):
+        check_host_fits(est, 64 * 10**9)  # ... host RAM does
