@@ -8,7 +8,11 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:  # type names only: `run` validates everything before torch is imported
+    from specscope.backend.engine_config import EngineConfig
+    from specscope.backend.session import SessionResult
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -105,7 +109,7 @@ def list_faults() -> int:
     return 0
 
 
-def config_from_args(args: argparse.Namespace):  # -> EngineConfig (torch-free)
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """Build the engine config from parsed flags."""
     from specscope.backend.engine_config import EngineConfig
     from specscope.backend.faults import parse_faults
@@ -178,7 +182,7 @@ def _gpu_visible_without_torch() -> bool:
     return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/proc/driver/nvidia"))
 
 
-def preflight(args: argparse.Namespace) -> tuple[object, list[str]]:
+def preflight(args: argparse.Namespace) -> tuple[EngineConfig, list[str]]:
     """Validate flags, model configs, checkpoints and (CPU) memory without torch; (config, warnings)."""
     from specscope.backend.loader import check_checkpoint
 
@@ -282,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     progress.close(s.output_tokens / max(s.wall_s, 1e-9))
     print_summary(res)
     return 0
-def print_summary(res) -> None:  # res: SessionResult
+def print_summary(res: SessionResult) -> None:
     """tokens/s, mean accept length, acceptance by position, trace path."""
     s = res.stats
     print(f"device        {res.device_name} ({res.kernels} kernels)")
