@@ -69,11 +69,20 @@ def run(args: argparse.Namespace) -> int:
                      REL_TOL if args.tol is None else args.tol)
     except ImportError as e:
         return _fail(str(e))
+    from specscope.tracer.export.bundle import original_step, read_manifest
+
+    manifest = read_manifest(args.trace)
+    orig = None if manifest is None else original_step(manifest, args.step)
     if args.json:
-        json.dump(_as_json(res, step), sys.stdout, indent=1)
+        d = _as_json(res, step)
+        d["original_step"] = orig
+        json.dump(d, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(format_result(res, step, run_info, args.all_heads))
+        text = format_result(res, step, run_info, args.all_heads)
+        if orig is not None:
+            text = text.replace("\n", f" — step {orig} of {manifest.get('source_trace')}\n", 1)
+        sys.stdout.write(text)
     return EXIT_AGREE if res.agrees else EXIT_DISAGREE
 
 

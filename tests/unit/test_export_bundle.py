@@ -56,14 +56,21 @@ def test_bundle_round_trip(fault: str, tmp_path: Path, capsys: pytest.CaptureFix
         captures = {r.capture_of(i) for i in range(a, b)} - {None}
         assert command == r.run.command and env == environment(r)
         original = [x for x in r.violations() if x.step in set(want)]
-    assert manifest["step_indexes"] == want and captures and captures <= set(want)
+    assert manifest["original_steps"] == want and captures and captures <= set(want)
     assert set(manifest["captures_added"]) == captures - set(range(a, b))
     assert len(check["original_violations"]) == len(original)
     assert "specscope check report.zip" in readme and "specscope replay report.zip --step" in readme
     assert command in readme
     # The bundled trace: same steps (original indexes), opens in every command.
     with open_trace_or_bundle(out) as db, TraceReader(db) as r:
-        assert [s.index for s in r.iter_summaries()] == want
+        assert [s.index for s in r.iter_summaries()] == list(range(len(want)))  # dense, as the schema wants
+        assert r.num_steps() == len(want)
+        with TraceReader(fault) as orig:
+            for i, o in enumerate(want):
+                a_, b_ = r.step(i), orig.step(o)
+                assert (a_.mode, a_.graph, a_.batch_size, a_.requests) == (b_.mode, b_.graph, b_.batch_size,
+                                                                            b_.requests)
+                assert a_.arrays == b_.arrays
         found = list(check_steps(r.steps()))
         assert r.run.command == command
     assert [x["check_id"] for x in check["bundle_check"]] == [x.check_id for x in found]
@@ -73,8 +80,9 @@ def test_bundle_round_trip(fault: str, tmp_path: Path, capsys: pytest.CaptureFix
         assert "TARGET_VERIFY" in capsys.readouterr().out
         assert main(["check", db]) == 1
         assert "I6" in capsys.readouterr().out
-    assert main(["replay", str(out), "--step", str(v[1])]) == 1  # the faulted verify, straight from the zip
-    assert "kernel-vs-truth" in capsys.readouterr().out
+    assert main(["replay", str(out), "--step", str(want.index(v[1]))]) == 1  # the faulted verify, from the zip
+    text = capsys.readouterr().out
+    assert "kernel-vs-truth" in text and f"step {v[1]} of {Path(fault).name}" in text
     assert main(["export", str(out), "--perfetto", str(tmp_path / "p.json")]) == 0
     assert main(["diff", str(out), str(out)]) == 0
     assert "no divergence" in capsys.readouterr().out

@@ -1,10 +1,10 @@
 """Bug-report bundles: one .zip a maintainer opens, checks and replays without the reporter's GPU, models or setup.
 
-Inside: `trace.db` (the chosen steps plus the captures their replays came from, with their original step indexes:
-a valid trace every command opens), `check.json` (the verdicts: the catalogue run over the bundle, and the
-violations the original trace held for those steps), `environment.json` (GPU, versions, git commit, what the
-recorder did not record), `command.txt` (the exact command that recorded the trace), `perfetto.json.gz` (the
-steps as a Perfetto timeline) and `README.md` (what to run).
+Inside: `trace.db` (the chosen steps plus the captures their replays came from, renumbered 0..n-1 because the
+schema wants step indexes dense — `bundle.json` maps them back; a valid trace every command opens), `check.json`
+(the verdicts: the catalogue run over the bundle, and the violations the original trace held for those steps),
+`environment.json` (GPU, versions, git commit, what the recorder did not record), `command.txt` (the exact
+command that recorded the trace), `perfetto.json.gz` (the steps as a Perfetto timeline) and `README.md`.
 
 Every command opens a bundle where it opens a trace: `open_trace_or_bundle(path)` extracts `trace.db` to a
 temporary folder for the duration of a `with` block.
@@ -13,6 +13,7 @@ temporary folder for the duration of a `with` block.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -148,8 +149,8 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
         found: list[Violation] = []
         request_ids: set[int] = set()
         with TraceWriter(db, reader.run) as w:
-            for i in indexes:
-                step: Step = reader.step(i)
+            for new, i in enumerate(indexes):
+                step: Step = _renumber(reader.step(i), new)
                 request_ids.update(r.request_id for r in step.requests)
                 found.extend(checker.feed(step))
                 w.write_step(step)
@@ -170,7 +171,8 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
         src = trace_path or reader.path
         manifest = {
             "format": BUNDLE_FORMAT, "source_trace": os.path.basename(src), "steps": [start, stop],
-            "step_indexes": indexes, "captures_added": sorted(chosen - in_range),
+            "original_steps": indexes, "captures_added": sorted(chosen - in_range),
+            "captures_added_as": [indexes.index(i) for i in sorted(chosen - in_range)],
             "num_steps": len(indexes), "num_violations_bundle_check": len(found),
             "num_violations_original": len(original),
             "attention_steps": _attention_steps(db),
@@ -195,6 +197,28 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _renumber(step: Step, index: int) -> Step:
+    """The step as bundle step `index` (its recorder violations follow; their message text keeps the original)."""
+    vs = tuple(dataclasses.replace(v, step=index) for v in step.violations)
+    return dataclasses.replace(step, index=index, violations=vs)
+
+
+def original_step(manifest: dict[str, Any], index: int) -> int | None:
+    """The original trace's index of bundle step `index` (None when out of range or unknown)."""
+    steps = manifest.get("original_steps") or []
+    return int(steps[index]) if 0 <= index < len(steps) else None
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """A bundle's bundle.json, or None for a plain trace."""
+    if not is_bundle(path):
+        return None
+    try:
+        return json.loads(read_member(path, MANIFEST))
+    except (TraceError, ValueError):
+        return None
+
+
 def _attention_steps(db: str) -> list[int]:
     with TraceReader(db) as r:
         out = []
@@ -203,6 +227,18 @@ def _attention_steps(db: str) -> list[int]:
             if st.arrays:
                 out.append(s.index)
         return out
+
+
+def _mapping(orig: list[int]) -> str:
+    """`0 -> 12, 1 -> 40..47 as 1..8` style summary of the renumbering."""
+    runs, k = [], 0
+    while k < len(orig):
+        j = k
+        while j + 1 < len(orig) and orig[j + 1] == orig[j] + 1:
+            j += 1
+        runs.append(f"{k} -> {orig[k]}" if j == k else f"{k}..{j} -> {orig[k]}..{orig[j]}")
+        k = j + 1
+    return ", ".join(runs[:8]) + (", ..." if len(runs) > 8 else "")
 
 
 def readme_text(name: str, manifest: dict[str, Any], env: dict[str, Any], command: str,
@@ -220,8 +256,11 @@ def readme_text(name: str, manifest: dict[str, Any], env: dict[str, Any], comman
     lines = [
         "# specscope bug-report bundle", "",
         f"Steps {a}:{'' if b is None else b} of `{manifest['source_trace']}` ({manifest['num_steps']} steps, "
-        f"captures included: {manifest['captures_added'] or 'none needed'}), recorded on **{env['device']}** "
+        f"captures added: {manifest['captures_added'] or 'none needed'}), recorded on **{env['device']}** "
         f"with the `{env['attention_kernel']}` attention kernels.", "",
+        f"Step indexes below are the bundle's, 0..{manifest['num_steps'] - 1}: bundle step i is step "
+        f"`bundle.json` original_steps[i] of the original trace ({_mapping(manifest['original_steps'])}). "
+        "Violation messages recorded during the run keep the original numbers.", "",
         "## What to run", "",
         "```bash",
         "pip install specscope            # or: pip install -e . in a specscope checkout (no GPU needed)",
