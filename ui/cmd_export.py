@@ -18,6 +18,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--perfetto", metavar="OUT.json[.gz]", help="write a Chrome Trace Event JSON file (gzip if .gz)")
     p.add_argument("--bundle", metavar="OUT.zip", help="write a bug-report bundle")
     p.add_argument("--steps", metavar="A:B", help="step indexes A <= i < B (also A:, :B, N; default: all)")
+    p.add_argument("--attention", choices=("all", "flagged", "none"), default="all",
+                   help="bundle: which recorded attention calls to include (they dominate its size): all, only "
+                        "steps the checks flag, or none (default: all)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
     p.set_defaults(run=run)
 
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                   f"({os.path.getsize(args.perfetto)} bytes); open it in https://ui.perfetto.dev")
         if args.bundle:
             m = write_bundle(reader, args.bundle, start, stop, trace_path=args.trace,
-                             export_command=quote_command(["specscope", *sys.argv[1:]]))
+                             export_command=quote_command(["specscope", *sys.argv[1:]]), attention=args.attention)
             print(f"{args.bundle}: {m['num_steps']} steps ({len(m['captures_added'])} captures added), "
                   f"{len(m['attention_steps'])} with recorded attention, {m['num_violations_bundle_check']} "
                   f"violations; {os.path.getsize(args.bundle)} bytes. A maintainer runs: specscope info / check / "

@@ -138,3 +138,43 @@ def test_export_bad_arguments_exit_2(fault: str, tmp_path: Path, capsys: pytest.
     assert main(["export", fault, "--bundle", out]) == 2
     one_error_line(capsys, "already exists")
     assert Path(out).read_text() == "keep me"
+
+
+@pytest.mark.parametrize("attention", ["flagged", "none"])
+def test_attention_selection_keeps_the_verdicts_consistent(fault: str, tmp_path: Path, attention: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / f"{attention}.zip"
+    assert main(["export", fault, "--bundle", str(out), "--attention", attention]) == 0
+    capsys.readouterr()
+    with zipfile.ZipFile(out) as z:
+        check = json.loads(z.read("check.json"))
+        manifest = json.loads(z.read("bundle.json"))
+    with open_trace_or_bundle(out) as db, TraceReader(db) as r:
+        found = list(check_steps(r.steps()))
+        with_calls = [s.index for s in r.iter_summaries() if r.step(s.index, arrays=("attn_q",)).arrays]
+        flagged = {x.step for x in found}
+    assert [x["check_id"] for x in check["bundle_check"]] == [x.check_id for x in found]
+    assert manifest["attention_steps"] == with_calls
+    if attention == "none":
+        assert not with_calls and not any(x.check_id.startswith("D") for x in found)
+    else:
+        assert with_calls and set(with_calls) <= flagged and manifest["attention_dropped"]
+
+
+def test_committed_sample_exports_open(capsys: pytest.CaptureFixture[str]) -> None:
+    from test_export_perfetto import assert_well_formed
+
+    folder = REPO / "samples" / "exports"
+    for p in sorted(folder.glob("*.perfetto.json.gz")):
+        import gzip
+
+        with gzip.open(p) as f:
+            assert_well_formed(json.load(f)["traceEvents"])
+    bundles = sorted(folder.glob("*.zip"))
+    assert bundles
+    for p in bundles:
+        with open_trace_or_bundle(p) as db:
+            assert main(["info", db]) == 0
+    verify = folder / "cpu-fault-max-seq-len-q-override-verify.zip"
+    assert main(["replay", str(verify), "--step", "1"]) == 1
+    assert "kernel-vs-truth" in capsys.readouterr().out

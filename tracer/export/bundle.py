@@ -132,9 +132,21 @@ def _violation_dict(v: Violation) -> dict[str, Any]:
     return {k: val for k, val in v.to_dict().items() if val is not None}
 
 
+ATTENTION_CHOICES = ("all", "flagged", "none")
+
+
+def _without_attention(step: Step) -> Step:
+    return dataclasses.replace(step, arrays=tuple(a for a in step.arrays if not a.name.startswith("attn_")))
+
+
 def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *, trace_path: str | None = None,
-                 export_command: str | None = None) -> dict[str, Any]:
-    """Write a bundle of steps [start, stop) of `reader` to `out` (.zip); returns its manifest."""
+                 export_command: str | None = None, attention: str = "all") -> dict[str, Any]:
+    """Write a bundle of steps [start, stop) of `reader` to `out` (.zip); returns its manifest.
+
+    `attention` says which recorded attention calls travel (they dominate the size: layer 0's KV pages of every
+    live row, per step): "all", "flagged" (only steps the catalogue flags) or "none"."""
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, not {attention!r}")
     from ..checks import Checker
     from .perfetto import write_perfetto
 
@@ -148,11 +160,19 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
         checker = Checker()
         found: list[Violation] = []
         request_ids: set[int] = set()
+        dropped: list[int] = []
         with TraceWriter(db, reader.run) as w:
             for new, i in enumerate(indexes):
                 step: Step = _renumber(reader.step(i), new)
                 request_ids.update(r.request_id for r in step.requests)
-                found.extend(checker.feed(step))
+                if attention == "none":
+                    step = _without_attention(step)
+                got = checker.feed(step)
+                found.extend(got)
+                if attention == "flagged" and not got and step.array("attn_q") is not None:
+                    # Unflagged: its calls agreed (else D1/D2 would flag it), so the bundle's verdicts stay the same.
+                    step = _without_attention(step)
+                    dropped.append(new)
                 w.write_step(step)
             for rec in reader.requests():
                 if rec.request_id in request_ids:
@@ -175,7 +195,7 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
             "captures_added_as": [indexes.index(i) for i in sorted(chosen - in_range)],
             "num_steps": len(indexes), "num_violations_bundle_check": len(found),
             "num_violations_original": len(original),
-            "attention_steps": _attention_steps(db),
+            "attention_steps": _attention_steps(db), "attention": attention, "attention_dropped": dropped,
             "export_command": export_command,
         }  # fmt: skip
         perfetto = os.path.join(work, "perfetto.json.gz")
