@@ -16,7 +16,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                                        "decoded where a tokenizer is known)")
     p.add_argument("--text", action="store_true", help="also print each request's prompt tail and output as text")
     p.add_argument("--no-check", action="store_true",
-                   help="do not run the invariant catalogue when the trace holds no checker verdicts")
+                   help="do not run the invariant catalogue when the trace holds no checker verdicts "
+                        "(info runs it on traces of up to 2,000 steps)")
     p.set_defaults(run=run)
 
 
