@@ -102,11 +102,12 @@ class SpecscopeApp(App[int]):
     TITLE = "specscope"
     CSS = """
     Screen { layout: vertical; }
-    #status { height: 1; background: $boost; color: $text; padding: 0 1; }
+    #status { height: 1; background: $boost; color: $text; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    DetailPanel, ChainPanel, Timeline { text-wrap: nowrap; text-overflow: ellipsis; }
     #main { height: 1fr; }
     #left { width: 34; }
     #center { width: 1fr; }
-    #side { width: 42; display: none; }
+    #side { width: 38; display: none; }
     .-wide #side { display: block; }
     .-huge #left { width: 62; }
     .-huge #side { width: 60; }
@@ -287,7 +288,7 @@ class SpecscopeApp(App[int]):
         verify = st if st.mode == ForwardMode.TARGET_VERIFY else self._verify_near(st)
         self._chain.show(verify, src.byte_level, st.index)
         a, b = max(0, st.index - WINDOW), min(src.num_steps(), st.index + WINDOW + 1)
-        hist = m.window_hist(src.reader.iter_summaries(a, b, StepFilter(mode="TARGET_VERIFY")))
+        hist = m.window_hist(src.summaries(a, b))  # through the block cache: a moving window costs no query
         self._accept.show(self.run_hist, hist, (a, b - 1))
         self._fill_violations()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.console import Console
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -15,7 +16,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import DataTable, Tree
+from textual.widgets import Tree
 
 from . import model as m
 from .source import TraceSource
@@ -31,6 +32,9 @@ _S_HEAD = Style(color="grey70", bold=True, underline=True)
 _S_HIT = Style(color="black", bgcolor="#ffff5f", bold=True, blink=False)
 _S_CELL_HIT = Style(color="black", bgcolor="#ffff5f", bold=True, underline=True)
 _KIND_STYLES = tuple(Style.parse(x) for x in m.STYLES)
+_S_TABLE_HEAD = Style(bold=True, color="grey85", bgcolor="#1c3a5e")
+_S_ROW_CUR = Style(bgcolor="#23334a")
+_CONSOLE = Console(width=400, color_system="truecolor", legacy_windows=False)
 
 
 def fmt_ns(ns: int) -> str:
@@ -100,13 +104,18 @@ class StepList(ScrollView, can_focus=True):
         self.virtual_size = Size(self.size.width, self.source.num_steps() + 1)
 
     def set_cursor(self, i: int) -> None:
-        """Move the highlight to step i and keep it in view (centred when it jumps)."""
-        self.cursor = i
+        """Move the highlight to step i and keep it in view (centred when it jumps); without a scroll only the
+        two rows that changed are redrawn."""
+        old, self.cursor = self.cursor, i
         h = max(1, self.size.height - 1)
         top = int(self.scroll_offset.y)
         if not top <= i < top + h:
             self.scroll_to(y=max(0, i - h // 2), animate=False, immediate=True)
-        self.refresh()
+            self.refresh()
+            return
+        for row in (old, i):
+            if top <= row < top + h:
+                self.refresh_lines(row + 1, 1)  # virtual line: the header is line 0
 
     def action_page(self, n: int) -> None:
         """Move the cursor one screen."""
@@ -153,7 +162,9 @@ class TextPane(Widget):
         self._text: Text | str = text
 
     def update(self, text: Text | str) -> None:
-        """Replace the text and repaint."""
+        """Replace the text and repaint (nothing to do when it did not change)."""
+        if text == self._text:
+            return
         self._text = text
         self.refresh()
 
@@ -274,44 +285,109 @@ class DetailPanel(TextPane):
         self.update(t)
 
 
-class RequestsTable(DataTable):
-    """One row per live request of the step (padded rows listed dimmed)."""
+class RequestsTable(ScrollView, can_focus=True):
+    """One row per live request of the step (padded rows listed dimmed); drawn line by line, so a bs-64 step
+    costs the visible rows only. The first two columns stay while the table scrolls sideways."""
 
-    BINDINGS = [Binding("j", "cursor_down", show=False), Binding("k", "cursor_up", show=False)]
+    BINDINGS = [
+        Binding("j,down", "cursor(1)", show=False), Binding("k,up", "cursor(-1)", show=False),
+        Binding("h,left", "scroll_left", show=False), Binding("l,right", "scroll_right", show=False),
+    ]
+    HEADERS = ("row", "req", "slot", "seq before→after", "q", "acc", "draft", "accepted")
+    FIXED = 2
 
-    _rows_shown = -1
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.rows: list[list[Text]] = []
+        self.widths: list[int] = [len(h) for h in self.HEADERS]
+        self.cursor_row = 0
+        self.highlight_row: int | None = None
+        self._height = -1
 
-    def on_mount(self) -> None:
-        """Columns."""
-        self.cursor_type = "row"
-        self.zebra_stripes = True
-        self.add_columns("row", "req", "slot", "seq before→after", "q", "acc", "draft", "accepted")
-        self.fixed_columns = 2  # row and request id stay while the table scrolls sideways
+    @property
+    def row_count(self) -> int:
+        """Rows shown (live and padded)."""
+        return len(self.rows)
 
     def show(self, st: Step, byte_level: bool, highlight_row: int | None) -> None:
         """Fill with the step's requests."""
-        self.clear()
+        rows: list[list[Text]] = []
+        verify = st.mode == ForwardMode.TARGET_VERIFY
         for b, r in enumerate(st.requests):
-            chain = m.draft_chain(r.draft_tokens, r.accepted_tokens) if r.draft_tokens else []
             draft = Text()
-            for link in chain:
-                if link.bonus:
-                    continue
-                draft.append(m.token_text(link.token, byte_level) + ("" if byte_level else " "),
-                             style="bold green" if link.accepted else "strike red")
-            acc = Text(m.tokens_text(r.accepted_tokens, byte_level), style="green")
-            mark = Text(str(r.request_id), style="bold black on #ffff5f" if b == highlight_row else "")
-            self.add_row(str(b), mark, str(r.slot), f"{r.seq_len_before}→{r.seq_len_after}", str(r.num_q_tokens),
-                         str(r.accept_length) if st.mode == ForwardMode.TARGET_VERIFY else "", draft, acc, key=str(b))
+            for link in (m.draft_chain(r.draft_tokens, r.accepted_tokens) if r.draft_tokens else []):
+                if not link.bonus:
+                    draft.append(m.token_text(link.token, byte_level) + ("" if byte_level else " "),
+                                 style="bold green" if link.accepted else "strike red")
+            rows.append([Text(str(b)), Text(str(r.request_id), style="bold"), Text(str(r.slot)),
+                         Text(f"{r.seq_len_before}→{r.seq_len_after}"), Text(str(r.num_q_tokens)),
+                         Text(str(r.accept_length) if verify else ""), draft,
+                         Text(m.tokens_text(r.accepted_tokens, byte_level), style="green")])
         for b in range(len(st.requests), st.padded_batch_size):
-            self.add_row(Text(str(b), style="grey42"), Text("pad", style="grey42"), "", "", "", "", "", "",
-                         key=str(b))
-        want = self.row_count + 3  # border, header, rows, a horizontal scrollbar
-        if want != self._rows_shown:
-            self._rows_shown = want
+            rows.append([Text(str(b), style="grey42"), Text("pad", style="grey42")] + [Text("")] * 6)
+        self.rows = rows
+        self.widths = [max([len(h)] + [r[c].cell_len for r in rows]) for c, h in enumerate(self.HEADERS)]
+        self.highlight_row = highlight_row
+        self.cursor_row = highlight_row if highlight_row is not None and highlight_row < len(rows) else min(
+            self.cursor_row, max(0, len(rows) - 1))
+        want = len(rows) + 3  # border, header, rows, a horizontal scrollbar
+        if want != self._height:
+            self._height = want
             self.styles.height = want  # a layout pass only when the batch size changes
-        if highlight_row is not None and 0 <= highlight_row < self.row_count:
-            self.move_cursor(row=highlight_row, animate=False)
+        self.virtual_size = Size(sum(self.widths) + 2 * len(self.widths), len(rows) + 1)
+        self._reveal()
+        self.refresh()
+
+    def _reveal(self) -> None:
+        h = max(1, self.size.height - 1)
+        top = int(self.scroll_offset.y)
+        if not top <= self.cursor_row < top + h:
+            self.scroll_to(y=max(0, self.cursor_row - h // 2), animate=False, immediate=True)
+
+    def action_cursor(self, d: int) -> None:
+        """Move the row cursor."""
+        self.cursor_row = max(0, min(len(self.rows) - 1, self.cursor_row + d))
+        self._reveal()
+        self.refresh()
+
+    def _cells(self, cells: Sequence[Text], base: Style) -> tuple[list[Segment], list[Segment]]:
+        fixed: list[Segment] = []
+        rest: list[Segment] = []
+        for c, txt in enumerate(cells):
+            out = fixed if c < self.FIXED else rest
+            t = txt.copy()
+            t.truncate(self.widths[c], pad=True)
+            for seg in t.render(_CONSOLE):
+                out.append(Segment(seg.text, base + seg.style if seg.style else base))
+            out.append(Segment("  ", base))
+        return fixed, rest
+
+    def render_line(self, y: int) -> Strip:
+        """Header, then the rows from the scroll position."""
+        width = self.size.width
+        if y == 0:
+            cells = [Text(h) for h in self.HEADERS]
+            base = _S_TABLE_HEAD
+        else:
+            r = int(self.scroll_offset.y) + y - 1
+            if not 0 <= r < len(self.rows):
+                return Strip.blank(width)
+            cells = list(self.rows[r])
+            base = _S_CURSOR if r == self.cursor_row and self.has_focus else (
+                _S_ROW_CUR if r == self.cursor_row else Style())
+            if r == self.highlight_row:
+                cells[1] = Text(cells[1].plain, style="bold black on #ffff5f")
+        fixed, rest = self._cells(cells, base)
+        fw = sum(len(s.text) for s in fixed)
+        segs = fixed + _crop(rest, int(self.scroll_offset.x), max(0, width - fw))
+        return Strip(segs).crop_extend(0, width, base)
+
+    def on_click(self, event: events.Click) -> None:
+        """Put the cursor on the clicked row."""
+        off = event.get_content_offset(self)
+        if off is not None and off.y >= 1:
+            self.cursor_row = max(0, min(len(self.rows) - 1, int(self.scroll_offset.y) + off.y - 1))
+            self.refresh()
 
 
 class PageGrid(ScrollView, can_focus=True):
@@ -595,7 +671,9 @@ class ChainPanel(TextPane):
         t = Text()
         t.append(f"verify step {verify.index}" + (" (this step)" if verify.index == here else "") + "\n",
                  style="bold")
-        for r in verify.requests:
+        room = max(1, self.size.height - 2) if self.size.height else 8
+        shown = verify.requests if len(verify.requests) <= room else verify.requests[: room - 1]
+        for r in shown:
             t.append(f"r{r.request_id:<3} ", style="bold")
             t.append("● ", style="grey62")
             for link in m.draft_chain(r.draft_tokens, r.accepted_tokens):
@@ -607,6 +685,9 @@ class ChainPanel(TextPane):
                 else:
                     t.append(f"{tok}✗ ", style="red")
             t.append(f" acc {r.accept_length}\n", style="grey62")
+        if len(shown) < len(verify.requests):
+            t.append(f"… {len(verify.requests) - len(shown)} more rows (the requests table has them all)",
+                     style="grey50")
         self.update(t)
 
 
