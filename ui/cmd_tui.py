@@ -50,6 +50,7 @@ def run_argv(args: argparse.Namespace) -> list[str]:
             continue
         flag = max(a.option_strings, key=len)
         if isinstance(a, argparse.BooleanOptionalAction):
+            flag = a.option_strings[0]  # --x (its twin is --no-x)
             out.append(flag if v else "--no-" + flag[2:])
         elif a.nargs == 0:  # store_true
             out.append(flag)

@@ -38,6 +38,7 @@ def test_ui_and_tracer_never_import_torch() -> None:
         "specscope.tracer.summary", "specscope.tracer.codec", "specscope.tracer.errors",
         "specscope.tracer.reader", "specscope.tracer.writer", "specscope.tracer.tables",
         "specscope.ui.web", "specscope.ui.web.app", "specscope.ui.web.pages", "specscope.ui.cmd_web",
+        "specscope.ui.tui", "specscope.ui.tui.app", "specscope.ui.tui.live", "specscope.ui.cmd_tui",
     }  # fmt: skip
     assert required <= set(out["imported"]), out
     assert out["heavy"] == [], f"torch-free modules imported {out['heavy']}: {out['imported']}"
