@@ -184,3 +184,12 @@ def test_cli_refuses_bad_input_with_one_line() -> None:
         assert p.returncode == 2, (argv, p.stderr)
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("specscope: error:") and msg in lines[0], p.stderr
+
+
+def test_overview_click_recentres_the_window(client: object) -> None:
+    status, out = call(client, [("tl-range", "value")], [("tl-overview", "clickData", {"points": [{"x": 120.4}]})],
+                       [("tl-range", "value", [0, 19])])
+    assert status == 200 and out == [[110, 129]]
+    status, out = call(client, [("tl-range", "value")], [("tl-overview", "clickData", {"points": [{"x": "NaN"}]})],
+                       [("tl-range", "value", [0, 19])])
+    assert status == 204 or out == [NO_UPDATE]

@@ -207,7 +207,7 @@ def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms:
     app = Dash(
         "specscope_web", server=server, title="specscope", assets_folder=_NO_ASSETS, include_assets_files=False,
         suppress_callback_exceptions=True, index_string=INDEX, update_title=None, serve_locally=True,
-        enable_mcp=False, use_pages=False,
+        enable_mcp=False, use_pages=False, eager_loading=True,  # fetch plotly.js with the page, not after it
     )  # fmt: skip
     app.layout = html.Div([
         dcc.Location(id="url", refresh=False),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import plotly.graph_objects as go
 from specscope.tracer.schema import SpanRow
 from specscope.ui.views import KIND_TEXT, SYMBOLS, AcceptanceStats, CellKind, PageGrid, bin_columns
@@ -57,7 +58,7 @@ def overview_figure(durations: dict[str, Series], window: tuple[int, int] | None
                                      fill="tonexty", opacity=0.3, showlegend=False, hoverinfo="skip",
                                      legendgroup=mode))
             fig.add_trace(go.Scatter(x=s.x, y=s.y, mode="lines", name=mode, line={"color": color, "width": 1},
-                                     customdata=list(zip(s.y_min, s.y_max, s.count, strict=True)), legendgroup=mode,
+                                     customdata=np.column_stack([s.y_min, s.y_max, s.count]), legendgroup=mode,
                                      hovertemplate=f"{mode}<br>step ≈ %{{x:.0f}}<br>mean %{{y:.1f}} µs"
                                                    "<br>min %{customdata[0]:.1f} · max %{customdata[1]:.1f}"
                                                    "<br>%{customdata[2]} steps<extra></extra>"))
@@ -155,9 +156,12 @@ def heatmap_figure(grid: PageGrid, highlight: tuple[int, int | None] | None = No
     scale = []
     for i, k in enumerate(KINDS):
         scale += [[i / n, KIND_COLORS[k]], [(i + 1) / n, KIND_COLORS[k]]]
+    # numpy arrays: plotly keeps them as they are instead of validating every element of a big grid
     fig = go.Figure(go.Heatmap(
-        z=z, text=text, texttemplate="%{text}" if not binned and grid.num_cols <= 48 and rows <= 64 else None,
-        customdata=custom, zmin=-0.5, zmax=n - 0.5, colorscale=scale, xgap=1, ygap=1, showscale=False,
+        z=np.array(z, np.int8), text=np.array(text, dtype=object),
+        texttemplate="%{text}" if not binned and grid.num_cols <= 48 and rows <= 64 else None,
+        customdata=np.array(custom, dtype=object), zmin=-0.5, zmax=n - 0.5, colorscale=scale, xgap=1, ygap=1,
+        showscale=False,
         y=list(range(rows)), x=list(range(len(z[0]) if z else 0)),
         hovertemplate="row %{y} · %{customdata[0]}<br>physical page %{customdata[1]}<br>%{customdata[2]}"
                       "<br>owner: %{customdata[3]}<br>%{customdata[4]}<br>%{customdata[5]}<extra></extra>",

@@ -111,6 +111,7 @@ class TraceSource:
         self._checker: object | None = None
         self._checked: list[Violation] = []
         self._checked_steps = 0
+        self._window: tuple[object, int] | None = None  # (checker, last step fed) of the per-step checks
         self.refresh()
 
     # -- summaries ------------------------------------------------------------------------------
@@ -200,15 +201,21 @@ class TraceSource:
                 return [v for v in self._checked if v.step == i]
         from specscope.tracer.checks import Checker
 
-        checker = Checker()
-        cap = self.capture_of(i)
-        lo = max(0 if cap is None else cap, i - CONTEXT_STEPS)
-        if cap is not None and cap < lo:
-            checker.feed(self.step(cap))
-        found: list[Violation] = []
-        with self._lock:
-            for st in self.reader.steps(lo, i + 1):
-                found = checker.feed(st)
+        with self._checker_lock:
+            win = self._window
+            if win is not None and win[1] == i - 1:
+                checker = win[0]  # stepping forward: the checker already holds the state up to i-1
+                lo = i
+            else:
+                checker = Checker()
+                cap = self.capture_of(i)
+                lo = max(0 if cap is None else cap, i - CONTEXT_STEPS)
+                if cap is not None and cap < lo:
+                    checker.feed(self.step(cap))
+            found: list[Violation] = []
+            for j in range(lo, i + 1):
+                found = checker.feed(self.step(j))  # type: ignore[attr-defined]
+            self._window = (checker, i)
         return [v for v in found if v.step == i]
 
     def violation_state(self, budget_steps: int = 400) -> ViolationState:
