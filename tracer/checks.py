@@ -520,11 +520,13 @@ def _us(ns: int) -> str:
     return f"{ns / 1000:.1f} us"
 
 
-def _ordering(c: _Ctx, check_id: str, later: StreamSpan, earlier: StreamSpan, what: str) -> None:
-    """`later` must start after `earlier` ends and be ordered after it by a recorded wait edge."""
+def _ordering(c: _Ctx, check_id: str, later: StreamSpan, earlier: StreamSpan, what: str, waits_recorded: bool) -> None:
+    """`later` must start after `earlier` ends and be ordered after it by a recorded wait edge (when the trace
+    records wait edges at all: schema 1 did not)."""
     if later.stream == earlier.stream:
         return  # one stream runs in order
-    edge = any((w.stream, w.on_stream, w.on_span) == (later.stream, earlier.stream, earlier.name) for w in c.step.waits)
+    edge = not waits_recorded or any(
+        (w.stream, w.on_stream, w.on_span) == (later.stream, earlier.stream, earlier.name) for w in c.step.waits)
     early = later.start_ns < earlier.end_ns
     if not early and edge:
         return
@@ -536,7 +538,7 @@ def _ordering(c: _Ctx, check_id: str, later: StreamSpan, earlier: StreamSpan, wh
         found=later.start_ns, expected=f">= {earlier.end_ns} with a wait on {earlier.stream} '{earlier.name}'")
 
 
-def _check_streams(c: _Ctx) -> None:
+def _check_streams(c: _Ctx, waits_recorded: bool = True) -> None:
     spans = c.step.spans
     prods = [sp for sp in spans if sp.name == "producers"]
     metas = [sp for sp in spans if sp.name == "metadata"]
@@ -546,12 +548,12 @@ def _check_streams(c: _Ctx) -> None:
         for p in prods:
             if len(c.out) == before:
                 _ordering(c, "I21", m, p, "metadata work is not ordered after the producers of seq_lens and "
-                                          "req_to_token")
+                                          "req_to_token", waits_recorded)
     before = len(c.out)
     for f in fwds:
         for m in metas:
             if len(c.out) == before:
-                _ordering(c, "I22", f, m, "the launch is not ordered after the metadata it consumes")
+                _ordering(c, "I22", f, m, "the launch is not ordered after the metadata it consumes", waits_recorded)
 
 
 def _check_errors(c: _Ctx) -> None:
@@ -723,11 +725,13 @@ class Checker:
 
     A live viewer (or the checker process beside a run's writer) calls `feed` as each step is committed and
     can break on the violations it returns; `check_steps` is a loop over it. Pass the trace's `run` so the
-    greedy-only part of I31 knows the sampling temperature (without it that part is skipped).
+    greedy-only part of I31 knows the sampling temperature (without it that part is skipped). A schema-1 trace
+    records no wait edges: pass `waits_recorded=False` (`reader.major < 2`) and I21/I22 judge timestamps only.
     """
 
-    def __init__(self, run: RunInfo | None = None) -> None:
+    def __init__(self, run: RunInfo | None = None, *, waits_recorded: bool = True) -> None:
         temp = None if run is None else run.config.get("temperature")
+        self._waits_recorded = waits_recorded
         self._graphs = _GraphState()
         self._pages = _PageBuffers()
         self._accept = _Acceptance(None if temp is None else float(temp) <= 0)
@@ -749,7 +753,7 @@ class Checker:
             _guard(c, lambda c: self._pages.check(c, rows_ok))
             if rows_ok and step.array("attn_q") is not None:
                 _guard(c, lambda c: c.out.extend(differential_check([step])))
-        _guard(c, _check_streams)
+        _guard(c, lambda c: _check_streams(c, self._waits_recorded))
         _guard(c, _check_errors)
         _guard(c, self._accept.check)
         return c.out
@@ -765,8 +769,9 @@ def _guard(c: _Ctx, f: Callable[[_Ctx], object], default: object = None) -> obje
         return default
 
 
-def check_steps(steps: Iterable[Step], run: RunInfo | None = None) -> Iterator[Violation]:
+def check_steps(steps: Iterable[Step], run: RunInfo | None = None, *,
+                waits_recorded: bool = True) -> Iterator[Violation]:
     """Every violation, in step order (a loop over `Checker.feed`)."""
-    checker = Checker(run)
+    checker = Checker(run, waits_recorded=waits_recorded)
     for step in steps:
         yield from checker.feed(step)

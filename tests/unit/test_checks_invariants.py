@@ -220,3 +220,17 @@ def test_check_cli_survives_inconsistent_arrays(tmp_path, base) -> None:
                          text=True, timeout=120, env={**os.environ, "SPECSCOPE_DEBUG": "1"})
     assert res.returncode == 1, res.stderr
     assert "I2" in {v["id"] for v in json.loads(res.stdout)} and "Traceback" not in res.stderr
+
+
+def test_a_v1_trace_is_judged_by_its_values_too() -> None:
+    """A schema-1 trace (engine flags, no wait edges): the stale page table is still I19, from the cells."""
+    from specscope.tracer.checks import check_steps
+    from specscope.tracer.store import TraceReader
+
+    here = os.path.join(os.path.dirname(__file__), "..", "data", "v1")
+    with TraceReader(os.path.join(here, "cpu-fault-stale-page-table.db")) as r:
+        assert r.major == 1
+        stale = ids(list(check_steps(r.steps(), r.run, waits_recorded=False)))
+    with TraceReader(os.path.join(here, "cpu-default.db")) as r:
+        clean = list(check_steps(r.steps(), r.run, waits_recorded=False))
+    assert {"I10", "I19"} <= stale and clean == []
