@@ -385,9 +385,10 @@ class ProcessTraceWriter:
         self._lines = _Lines(self._proc)
         _grow_pipe(self._proc.stdin)
         self._send_obj((self.path, run.to_dict(), overwrite))
-        kind, msg = self._status("start")
+        # Starting Python (numpy, zstandard, SQLite) on a loaded machine can take a while: a generous deadline.
+        kind, msg = self._status("start", max(self.status_timeout, 60.0))
         if kind != "ready":
-            self._proc.wait()
+            self._stop_child()
             raise TraceError(msg or "the trace writer process failed to start", self.path)
         if check:
             self._start_checker()
@@ -430,18 +431,30 @@ class ProcessTraceWriter:
 
     # -- protocol ------------------------------------------------------------------------------------
 
-    def _status(self, what: str) -> tuple[str, str]:
+    def _stop_child(self) -> None:
+        try:
+            self._proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout=self.status_timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def _status(self, what: str, timeout: float | None = None) -> tuple[str, str]:
         if self._dead:
             return "error", self._dead
+        timeout = self.status_timeout if timeout is None else timeout
         try:
-            line = self._lines.readline(self.status_timeout)
+            line = self._lines.readline(timeout)
             while line and self._late and line.partition(" ")[0] == "flushed":
                 self._late -= 1  # the answer to a flush that timed out earlier
-                line = self._lines.readline(self.status_timeout)
+                line = self._lines.readline(timeout)
         except TimeoutError:
             self._late += what == "a flush"
             return "error", (f"the trace writer process (pid {self._proc.pid}) did not answer {what} within "
-                             f"{self.status_timeout:.0f} s")
+                             f"{timeout:.0f} s")
         if not line:
             self._dead = _death(self._proc, self._err, "the trace writer process")
             return "error", self._dead
@@ -496,15 +509,7 @@ class ProcessTraceWriter:
                 kind, msg = self._status("close")
             except TraceError as e:
                 msg = e.problem
-        try:
-            self._proc.stdin.close()  # type: ignore[union-attr]
-        except OSError:
-            pass
-        try:
-            self._proc.wait(timeout=self.status_timeout)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        self._stop_child()
         check_err = self._finish_checker()
         if kind != "closed":
             raise TraceError(msg if msg.startswith("the trace writer") else f"writing the trace failed ({msg})",
