@@ -160,14 +160,16 @@ class _Input:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.buf = bytearray()
+        self.pos = 0  # start of the first unread message: consumed bytes are dropped in bulk, not per message
         self.eof = False
         self._ppid = os.getppid()
 
     def ready(self) -> bool:
         """A whole message is buffered."""
-        if len(self.buf) < _LEN.size:
+        left = len(self.buf) - self.pos
+        if left < _LEN.size:
             return False
-        return len(self.buf) >= _LEN.size + _LEN.unpack_from(self.buf)[0]
+        return left >= _LEN.size + _LEN.unpack_from(self.buf, self.pos)[0]
 
     def fill(self, block: bool) -> None:
         """Read what the pipe holds; with `block`, wait for it (watching for the parent's death)."""
@@ -177,6 +179,10 @@ class _Input:
                 chunk = os.read(self.fd, _READ_CHUNK)
                 if not chunk:
                     self.eof = True
+                if self.pos:
+                    # Deleting each message from the front moved the whole buffer per message (~50 us at 1 MiB).
+                    del self.buf[: self.pos]
+                    self.pos = 0
                 self.buf += chunk
                 return
             if not block:
@@ -186,10 +192,11 @@ class _Input:
 
     def take(self) -> Any:
         """The next whole message (call after `ready()`)."""
-        (n,) = _LEN.unpack_from(self.buf)
-        data = bytes(self.buf[_LEN.size : _LEN.size + n])
-        del self.buf[: _LEN.size + n]
-        return pickle.loads(data)
+        (n,) = _LEN.unpack_from(self.buf, self.pos)
+        start = self.pos + _LEN.size
+        self.pos = start + n
+        with memoryview(self.buf) as mv, mv[start : start + n] as data:
+            return pickle.loads(data)
 
     def next(self) -> Any:
         """Block for the next message; EOFError at end of input."""
