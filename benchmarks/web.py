@@ -93,6 +93,19 @@ def bench(args: argparse.Namespace) -> dict:
                 timeline.append(time.perf_counter() - t)
                 ctx.close()
             payload["timeline_callback_bytes"] = sum(sizes)
+            if args.baseline:
+                # The same page on a small trace, in the same browser and moment: the machine's floor.
+                small = create_app(args.baseline)
+                ssrv, surl = serve_in_thread(small)
+                base = []
+                for _ in range(args.repeats + 1):
+                    dt, ctx, _page = _load(browser, surl + "/", ["tl-overview", "tl-gantt", "tl-overlap"])
+                    base.append(dt)
+                    ctx.close()  # type: ignore[attr-defined]
+                ssrv.shutdown()
+                payload["baseline_trace"] = os.path.relpath(args.baseline)
+                payload["baseline_steps"] = small.dashboard.sources["a"].num_steps()  # type: ignore[attr-defined]
+                payload["baseline_timeline_median_s"] = round(statistics.median(base[1:]), 3)
             mid = n // 2
             for k in range(args.repeats + 1):
                 i = mid + 97 * k
@@ -195,9 +208,16 @@ the page is drawn and no Dash callback is in flight.
 | step page, next step (→ key) | median {sn["median_s"]} s, max {sn["max_s"]} s ({sn["n"]} moves) | <= {t["step_s"]} s | {mark("step_s")} |
 | step page, fresh load of `/step/N` | median {sl["median_s"]} s, max {sl["max_s"]} s ({sl["n"]} loads; the very first: {res["step_page_first_load_s"]} s) | (page load incl. scripts) | |
 
-The timeline's callback responses carried {res.get("timeline_callback_bytes", 0):,} bytes in all (the overview is
-binned server-side: at most 2,000 bins per mode, never one point per step).
+{_baseline(res)}The timeline's callback responses carried {res.get("timeline_callback_bytes", 0):,} bytes in all (the overview is
+binned server-side: at most 1,000 bins per mode, never one point per step).
 """  # noqa: E501
+
+
+def _baseline(res: dict) -> str:
+    if "baseline_timeline_median_s" not in res:
+        return ""
+    return (f"Floor of this machine at that moment: the same timeline page of `{res['baseline_trace']}` "
+            f"({res['baseline_steps']} steps) took a median {res['baseline_timeline_median_s']} s to draw.\n\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed loads after the first one")
     ap.add_argument("--next-steps", type=int, default=5, help="→ presses per step-page load")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline", default="samples/traces/h200-plan-stream.db",
+                    help="a small trace whose timeline is timed too, as the machine's floor ('' to skip)")
     ap.add_argument("--out", help="write the results JSON here")
     ap.add_argument("--md", help="write a short markdown report here")
     ap.add_argument("--note", default="", help="a line for the markdown report (e.g. machine load)")

@@ -16,12 +16,12 @@ import pytest
 pytest.importorskip("dash")
 pytest.importorskip("playwright")
 
-from conftest import FAULT, SAMPLES, screenshot_dir  # noqa: E402
 from specscope.tracer.checks import check_steps  # noqa: E402
 from specscope.tracer.diff import diff_traces  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402
 from specscope.ui.web.app import create_app  # noqa: E402
 from specscope.ui.web.server import serve_in_thread  # noqa: E402
+from webfixtures import FAULT, SAMPLES, browser_fixture, clean_twin_fixture, screenshot_dir  # noqa: E402,F401
 
 TIMEOUT_MS = 20_000
 

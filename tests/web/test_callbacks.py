@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("dash")
 
-from conftest import FAULT, PLAN  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402
 from specscope.ui.web.app import create_app  # noqa: E402
+from webfixtures import FAULT, PLAN  # noqa: E402
 
 
 @pytest.fixture(scope="module")

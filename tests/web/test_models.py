@@ -7,13 +7,13 @@ import pytest
 
 pytest.importorskip("plotly")
 
-from conftest import FAULT, PLAN, SAMPLES  # noqa: E402
 from specscope.tracer.schema import ForwardMode, Severity, SpanRow, Violation  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402
 from specscope.ui import views  # noqa: E402
 from specscope.ui.web import figures, models  # noqa: E402
 from specscope.ui.web.routes import RouteError, parse_route, step_href  # noqa: E402
 from specscope.ui.web.source import Columns, TraceSource  # noqa: E402
+from webfixtures import FAULT, PLAN, SAMPLES  # noqa: E402
 
 
 def test_bin_series_keeps_small_series_and_bins_large_ones_keeping_extremes() -> None:
@@ -168,8 +168,9 @@ def test_heatmap_figure_marks_each_cell_kind(fault: TraceSource) -> None:
     kinds = [figures.KINDS[z] for row in hm.z for z in row]
     assert kinds.count(views.CellKind.STALE) == grid.counts[views.CellKind.STALE]
     cell = grid.cells[0][0]
-    assert hm.customdata[0][0][1] == str(cell.page)  # hover: physical page, token range and owner
-    assert hm.customdata[0][0][2] == f"tokens {cell.token_start}–{cell.token_end}"
+    # hover: physical page, token range and owner
+    assert list(hm.customdata[0][0]) == [cell.page, cell.token_start, cell.token_end]
+    assert hm.hovertext[0][0].startswith(f"request {cell.owner} · stale")
     assert fig.layout.shapes[0].y0 == 0.5 and fig.layout.shapes[0].x0 == 1.5
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 from specscope.tracer.schema import SpanRow
-from specscope.ui.views import KIND_TEXT, SYMBOLS, AcceptanceStats, CellKind, PageGrid, bin_columns
+from specscope.ui.views import SYMBOLS, AcceptanceStats, CellKind, PageGrid, bin_columns
 
 from .models import GroupRow, Series, StepStreams
 
@@ -58,7 +58,8 @@ def overview_figure(durations: dict[str, Series], window: tuple[int, int] | None
                                      fill="tonexty", opacity=0.3, showlegend=False, hoverinfo="skip",
                                      legendgroup=mode))
             fig.add_trace(go.Scatter(x=s.x, y=s.y, mode="lines", name=mode, line={"color": color, "width": 1},
-                                     customdata=np.column_stack([s.y_min, s.y_max, s.count]), legendgroup=mode,
+                                     customdata=np.column_stack([s.y_min, s.y_max, s.count]).astype(np.float32),
+                                     legendgroup=mode,
                                      hovertemplate=f"{mode}<br>step ≈ %{{x:.0f}}<br>mean %{{y:.1f}} µs"
                                                    "<br>min %{customdata[0]:.1f} · max %{customdata[1]:.1f}"
                                                    "<br>%{customdata[2]} steps<extra></extra>"))
@@ -126,45 +127,58 @@ def overlap_figure(rows: Sequence[StepStreams]) -> go.Figure:
 # -- step explorer -------------------------------------------------------------------------------------------
 
 
-def _expected_text(c: object) -> str:
-    exp, page = c.expected_page, c.page  # type: ignore[attr-defined]
-    return "" if exp is None or exp == page else f"req_to_token gives {exp}"
+KIND_SHORT = {
+    CellKind.OUT_OF_RANGE: "outside the KV pool", CellKind.STALE: "stale", CellKind.SHARED: "shared",
+    CellKind.PADDED: "padded row", CellKind.FRESH: "written this step", CellKind.OK: "ok",
+    CellKind.UNREAD: "not read",
+}  # fmt: skip
+
+
+def _hover(c: object) -> str:
+    who = "padded row" if c.owner is None else f"request {c.owner}"  # type: ignore[attr-defined]
+    text = f"{who} · {KIND_SHORT[c.kind]}"  # type: ignore[attr-defined]
+    if c.expected_page is not None and c.expected_page != c.page:  # type: ignore[attr-defined]
+        text += f" (req_to_token gives {c.expected_page})"  # type: ignore[attr-defined]
+    if c.shared_with:  # type: ignore[attr-defined]
+        text += f" with {', '.join(map(str, c.shared_with))}"  # type: ignore[attr-defined]
+    return text
 
 
 def heatmap_figure(grid: PageGrid, highlight: tuple[int, int | None] | None = None) -> go.Figure:
     """The page table, request (row) × logical page (column), coloured by cell kind with its symbol; hover
-    shows the physical page, token range and owner. `highlight` (row, col or None) is outlined."""
+    shows the physical page, token range and owner. `highlight` (row, col or None) is outlined.
+
+    Per-cell numbers travel as one int32 array ([page, first token, end token], or [lowest page, highest page,
+    first logical page] when binned) and the owner / kind as one short string, to keep big grids light."""
     rows = len(grid.cells)
     binned = grid.num_cols > MAX_HEATMAP_COLS
-    z, text, custom = [], [], []
+    z, text, custom, hover = [], [], [], []
     if binned:
         for r, bins in enumerate(bin_columns(grid, MAX_HEATMAP_COLS)):
             z.append([KINDS.index(c.kind) for c in bins])
             text.append([SYMBOLS[c.kind] for c in bins])
-            custom.append([[f"pages {c.col_lo}–{c.col_hi}", f"{min(c.pages)}…{max(c.pages)}", "", grid.row_labels[r],
-                            KIND_TEXT[c.kind], ""] for c in bins])
+            custom.append([[min(c.pages), max(c.pages), c.col_lo, c.col_hi] for c in bins])
+            hover.append([f"{grid.row_labels[r]} · {KIND_SHORT[c.kind]}" for c in bins])
+        template = ("row %{y} · logical pages %{customdata[2]}–%{customdata[3]}<br>physical pages "
+                    "%{customdata[0]}…%{customdata[1]}<br>%{hovertext}<extra></extra>")
     else:
         for row in grid.cells:
             z.append([KINDS.index(c.kind) for c in row])
             text.append([f"{c.page}{SYMBOLS[c.kind].strip()}" for c in row])
-            custom.append([[
-                f"logical page {c.col}", str(c.page), f"tokens {c.token_start}–{c.token_end}",
-                "padded row" if c.owner is None else f"request {c.owner}", KIND_TEXT[c.kind],
-                _expected_text(c) + (f" shared with {', '.join(map(str, c.shared_with))}" if c.shared_with else ""),
-            ] for c in row])  # fmt: skip
+            custom.append([[c.page, c.token_start, c.token_end] for c in row])
+            hover.append([_hover(c) for c in row])
+        template = ("row %{y} · logical page %{x}<br>physical page %{customdata[0]}<br>tokens %{customdata[1]}–"
+                    "%{customdata[2]}<br>%{hovertext}<extra></extra>")
     n = len(KINDS)
     scale = []
     for i, k in enumerate(KINDS):
         scale += [[i / n, KIND_COLORS[k]], [(i + 1) / n, KIND_COLORS[k]]]
-    # numpy arrays: plotly keeps them as they are instead of validating every element of a big grid
+    # numpy arrays: plotly keeps them as they are (and sends numbers packed) instead of checking every element
     fig = go.Figure(go.Heatmap(
-        z=np.array(z, np.int8), text=np.array(text, dtype=object),
+        z=np.array(z, np.int8), text=np.array(text, dtype=object), hovertext=np.array(hover, dtype=object),
         texttemplate="%{text}" if not binned and grid.num_cols <= 48 and rows <= 64 else None,
-        customdata=np.array(custom, dtype=object), zmin=-0.5, zmax=n - 0.5, colorscale=scale, xgap=1, ygap=1,
-        showscale=False,
-        y=list(range(rows)), x=list(range(len(z[0]) if z else 0)),
-        hovertemplate="row %{y} · %{customdata[0]}<br>physical page %{customdata[1]}<br>%{customdata[2]}"
-                      "<br>owner: %{customdata[3]}<br>%{customdata[4]}<br>%{customdata[5]}<extra></extra>",
+        customdata=np.array(custom, np.int32), zmin=-0.5, zmax=n - 0.5, colorscale=scale, xgap=1, ygap=1,
+        showscale=False, y=list(range(rows)), x=list(range(len(z[0]) if z else 0)), hovertemplate=template,
     ))  # fmt: skip
     if highlight is not None:
         r, c = highlight

@@ -18,7 +18,7 @@ from specscope.ui.views import AcceptanceStats, acceptance_from_histogram
 from .source import MODES, Columns
 
 MAX_POINTS = 10_000  # beyond this many points a series is binned server-side
-NUM_BINS = 2_000  # bins of a binned series
+NUM_BINS = 1_000  # bins of a binned series (a plot is ~1,000 px wide)
 VERIFY = MODES.index(ForwardMode.TARGET_VERIFY.value)
 
 
@@ -58,7 +58,9 @@ def bin_series(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS, bins:
     np.maximum.at(ymax, which, y)
     keep = count > 0
     centre = (edges[:-1] + edges[1:]) / 2
-    return Series(centre[keep], total[keep] / count[keep], ymin[keep], ymax[keep], count[keep], True)
+    f4 = np.float32  # what a screen can show; half the bytes on the wire
+    return Series(centre[keep].astype(f4), (total[keep] / count[keep]).astype(f4), ymin[keep].astype(f4),
+                  ymax[keep].astype(f4), count[keep], True)
 
 
 # -- timeline ------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Fixtures of the dashboard tests: sample traces, the clean twin of a fault sample, a served app, a browser."""
+"""Constants, helpers and fixtures of the dashboard tests. Not a conftest.py: tests/unit imports names from its
+own conftest, and a second module called `conftest` would shadow it; test modules import these explicitly."""
 
 from __future__ import annotations
 
@@ -38,8 +39,18 @@ def twin_command(trace: str, out: str) -> list[str]:
     return [sys.executable, "-m", "specscope.ui.cli", "run", *args, "-o", out, "--overwrite"]
 
 
-@pytest.fixture(scope="session")
-def clean_twin(tmp_path_factory: pytest.TempPathFactory) -> str:
+def screenshot_dir() -> str | None:
+    """Where the browser tests save page screenshots (SPECSCOPE_SCREENSHOTS=docs/screenshots to refresh them)."""
+    d = os.environ.get("SPECSCOPE_SCREENSHOTS")
+    if not d:
+        return None
+    d = d if os.path.isabs(d) else os.path.join(ROOT, d)
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session", name="clean_twin")
+def clean_twin_fixture(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A clean run with the fault sample's exact flags (recorded once per session on the CPU engine)."""
     pytest.importorskip("torch")
     out = str(tmp_path_factory.mktemp("twin") / "clean.db")
@@ -48,8 +59,8 @@ def clean_twin(tmp_path_factory: pytest.TempPathFactory) -> str:
     return out
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
+@pytest.fixture(scope="module", name="browser")
+def browser_fixture() -> Iterator[object]:
     """Headless Debian chromium driven by Playwright (one per test module)."""
     sync_api = pytest.importorskip("playwright.sync_api")
     if not os.path.exists(CHROMIUM):
@@ -61,13 +72,3 @@ def browser() -> Iterator[object]:
     finally:
         b.close()
         pw.stop()
-
-
-def screenshot_dir() -> str | None:
-    """Where the browser tests save page screenshots (SPECSCOPE_SCREENSHOTS=docs/screenshots to refresh them)."""
-    d = os.environ.get("SPECSCOPE_SCREENSHOTS")
-    if not d:
-        return None
-    d = d if os.path.isabs(d) else os.path.join(ROOT, d)
-    os.makedirs(d, exist_ok=True)
-    return d
