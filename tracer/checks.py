@@ -312,8 +312,9 @@ def _check_verify_and_extend(c: _Ctx) -> None:
         want = np.arange(0, (s.batch_size + 1) * T, T)
         got = cuq[: s.batch_size + 1].astype(np.int64)
         if got.shape != want.shape or not np.array_equal(got, want):
-            j = int(np.nonzero(got != want[: got.shape[0]])[0][0]) if got.shape[0] <= want.shape[0] and np.any(
-                got != want[: got.shape[0]]) else got.shape[0]
+            n = min(got.shape[0], want.shape[0])
+            diff = np.nonzero(got[:n] != want[:n])[0]
+            j = int(diff[0]) if diff.size else n  # the first wrong entry, or where the shorter one ends
             c.v("I8", f"cu_seqlens_q[:bs+1] = {_short(got)}, expected stride {T}: {_short(want)}",
                 array="cu_seqlens_q", col=j, found=got, expected=want)
         mq = s.scalars.get("kernel_q_len")
