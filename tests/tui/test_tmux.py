@@ -54,3 +54,32 @@ def test_tui_in_tmux_steps_and_quits(tmp_path) -> None:
             assert f.read().strip() == "0"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=20)
+
+
+def test_demo_opens_the_live_tui_in_a_terminal(tmp_path) -> None:
+    from specscope.tracer.store import TraceReader
+
+    session = f"specscope-{uuid.uuid4().hex[:8]}"
+    done = os.path.join(tmp_path, "rc")
+    trace = os.path.join(tmp_path, "demo.db")
+    exe = os.path.join(os.path.dirname(sys.executable), "specscope")
+    cmd = (f"cd {tmp_path} && {exe} demo --device cpu --requests 2 --max-new-tokens 8 -o {trace}; "
+           f"echo $? > {done}")
+    env = {**os.environ, "TERM": "xterm-256color"}
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", cmd], check=True, env=env,
+                   timeout=20)
+    try:
+        screen = _wait_for(session, lambda s: ("running" in s or "run finished" in s or "PAUSED" in s)
+                           and "cache_sl" in s, timeout=120)
+        assert "step " in screen and "requests" in screen
+        _wait_for(session, lambda s: "run finished" in s, timeout=120)
+        _tmux("send-keys", "-t", session, "q")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with open(done) as f:
+            assert f.read().strip() == "0"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=20)
+    with TraceReader(trace) as r:
+        assert r.is_closed() and r.num_steps() > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections import OrderedDict
@@ -21,7 +22,7 @@ from textual.widgets import Footer
 
 from . import model as m
 from .screens import HelpScreen, PromptScreen
-from .source import BackgroundLoader, TraceSource
+from .source import BLOCK, BackgroundLoader, TraceSource
 from .widgets import (
     AcceptPanel,
     ChainPanel,
@@ -223,6 +224,9 @@ class SpecscopeApp(App[int]):
         else:
             self._status()
         self.set_interval(0.25, self._tick)
+        # The start-up objects (Textual's, the first blocks) never die: keep the collector from re-walking them
+        # on every step (its full passes were the tail of the step latency).
+        gc.freeze()
         if self.controller is not None:
             self.controller.start()
 
@@ -280,6 +284,7 @@ class SpecscopeApp(App[int]):
         self._timeline.show(i)
         self._side(st)
         self._status()
+        src.prefetch(i - WINDOW - BLOCK, i + WINDOW + BLOCK)
 
     def _side(self, st: Step) -> None:
         src = self.source
@@ -311,7 +316,8 @@ class SpecscopeApp(App[int]):
         n = src.num_steps()
         t = Text()
         t.append("specscope ", style="bold")
-        t.append(f"{src.display}  ")
+        if self.controller is not None:  # first: the run's state must survive a narrow terminal's cut
+            t.append(self.controller.status_text(short=True) + "  ", style="bold #ffd75f")
         t.append(f"step {self.current}/{max(0, n - 1)}  ", style="bold")
         nv = src.violations.total()
         if src.loading_violations:
@@ -327,13 +333,14 @@ class SpecscopeApp(App[int]):
                     t.append(" (unchecked: press c)", style="grey62")
             t.append("  ")
         if self.controller is not None:
-            t.append(self.controller.status_text(), style="bold #ffd75f")
+            t.append(self.controller.status_text(), style="#ffd75f")
         elif self.follow:
             t.append("following" if not src.is_closed() else "trace closed", style="#ffd75f")
         if self.loader.error:
             t.append(f"  {self.loader.error}", style="red")
         if self.message:
             t.append(f"  {self.message}", style="italic")
+        t.append(f"  {src.display}", style="grey62")
         self._statusbar.update(t)
 
     def notify_line(self, text: str) -> None:

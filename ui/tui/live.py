@@ -351,19 +351,14 @@ class LiveController:
         """Whether the view jumps to each new step (while the run runs)."""
         return self.state == "running" or self.state == "finished"
 
-    def status_text(self) -> str:
-        """The live part of the status line."""
-        if self.state == "paused":
-            s = f"‖ PAUSED at step {self.paused_at}"
-            if self.reason:
-                s += f" — {self.reason}"
-        elif self.state == "running":
-            s = "▶ running"
-        elif self.state == "finished":
-            s = "■ run finished"
-        else:
-            s = "starting…"
-        return f"{s}  [{self.breaks.describe()}]  space pause/run · s step · i iteration · b breaks"
+    def status_text(self, short: bool = False) -> str:
+        """The live part of the status line (`short`: the state alone)."""
+        if short:
+            return {"paused": f"‖ PAUSED at {self.paused_at}", "running": "▶ running",
+                    "finished": "■ run finished"}.get(self.state, "starting…")
+        if self.state == "paused" and self.reason:
+            return f"{self.reason}  [{self.breaks.describe()}]  space run · s step · i iteration · b breaks"
+        return f"[{self.breaks.describe()}]  space pause/run · s step · i iteration · b breaks"
 
     # -- stop -------------------------------------------------------------------------------------
 

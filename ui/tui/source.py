@@ -8,6 +8,7 @@ were never checked. Background work uses its own reader, so the UI thread never 
 from __future__ import annotations
 
 import bisect
+import queue
 import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
@@ -101,6 +102,9 @@ class TraceSource:
         self.checked_through: int | None = None  # steps the table's verdicts cover (None: never checked)
         self.tui_checked_through = -1  # steps the TUI's own checker has judged
         self.loading_violations = True
+        self._lock = threading.Lock()
+        self._want: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._prefetcher: threading.Thread | None = None
 
     # -- counts ----------------------------------------------------------------------------------
 
@@ -114,8 +118,9 @@ class TraceSource:
         grew = n - self._n
         if grew > 0:
             last_block = (self._n - 1) // BLOCK if self._n else 0
-            for b in [b for b in self._blocks if b >= last_block]:
-                del self._blocks[b]  # a partial block grew
+            with self._lock:
+                for b in [b for b in self._blocks if b >= last_block]:
+                    del self._blocks[b]  # a partial block grew
             self._n = n
         return max(0, grew)
 
@@ -130,16 +135,47 @@ class TraceSource:
         if not 0 <= i < self._n:
             return None
         b = i // BLOCK
-        rows = self._blocks.get(b)
+        with self._lock:
+            rows = self._blocks.get(b)
+            if rows is not None:
+                self._blocks.move_to_end(b)
         if rows is None:
             rows = self.reader.summaries(b * BLOCK, min((b + 1) * BLOCK, self._n))
-            self._blocks[b] = rows
-            while len(self._blocks) > _BLOCKS_KEPT:
-                self._blocks.popitem(last=False)
-        else:
-            self._blocks.move_to_end(b)
+            self._store_block(b, rows)
         k = i - b * BLOCK
         return rows[k] if k < len(rows) else None
+
+    def _store_block(self, b: int, rows: list[StepSummary]) -> None:
+        with self._lock:
+            self._blocks[b] = rows
+            self._blocks.move_to_end(b)
+            while len(self._blocks) > _BLOCKS_KEPT:
+                self._blocks.popitem(last=False)
+
+    def prefetch(self, lo: int, hi: int) -> None:
+        """Fetch the summary blocks covering [lo, hi) on a background thread (with its own reader), so moving
+        across a block boundary finds them cached."""
+        if self._prefetcher is None:
+            self._prefetcher = threading.Thread(target=self._prefetch_loop, name="specscope-tui-prefetch",
+                                                daemon=True)
+            self._prefetcher.start()
+        for b in range(max(0, lo) // BLOCK, (max(0, min(hi, self._n)) - 1) // BLOCK + 1):
+            with self._lock:
+                have = b in self._blocks
+            if not have:
+                self._want.put(b)
+
+    def _prefetch_loop(self) -> None:
+        with TraceReader(self.path) as r:
+            while True:
+                b = self._want.get()
+                n = self._n
+                with self._lock:
+                    if b in self._blocks:
+                        continue
+                full = (b + 1) * BLOCK <= n  # a partial last block is left to the UI thread (it grows)
+                if full:
+                    self._store_block(b, r.summaries(b * BLOCK, (b + 1) * BLOCK))
 
     def summaries(self, start: int, stop: int) -> list[StepSummary]:
         """Summaries of [start, stop) clipped to the trace, through the block cache."""

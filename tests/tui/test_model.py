@@ -1,0 +1,81 @@
+"""The TUI's view models: the fast page-grid classification, token text, chains, violation cells, run flags."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+
+import numpy as np
+from specscope.tracer.schema import Severity, Violation
+from specscope.tracer.store import TraceReader
+from specscope.ui.tui import model as m
+from tui_samples import ROOT
+
+
+def test_fast_grid_equals_the_shared_view_model_on_every_sample() -> None:
+    checked = 0
+    for path in sorted(glob.glob(os.path.join(ROOT, "samples", "traces", "*.db"))):
+        with TraceReader(path) as r:
+            n = r.num_steps()
+            for i in sorted({0, 1, n // 3, n // 2, n - 1} | set(range(0, n, max(1, n // 25)))):
+                st = r.step(i)
+                fast, ref = m.classify(st), m.classify_shared(st)
+                assert (fast is None) == (ref is None)
+                if fast is None:
+                    continue
+                assert np.array_equal(fast.pages, ref.pages), (path, i)
+                assert np.array_equal(fast.cls, ref.cls), (path, i, np.argwhere(fast.cls != ref.cls)[:3])
+                assert fast.cache_seqlens == ref.cache_seqlens and fast.cu_seqlens_k == ref.cu_seqlens_k
+                checked += 1
+    assert checked > 50
+
+
+def test_zoom_and_fit() -> None:
+    g = m.Grid(np.arange(12).reshape(2, 6), np.array([[m.OK] * 5 + [m.STALE], [m.NOT_READ] * 6], np.int8), 2,
+               (1, 2), [96, 10], [0, 1, 2], [0, 96, 106], 16, 6)
+    cls, first = m.zoom_cells(g, 4)
+    assert cls.tolist() == [[m.OK, m.STALE], [m.NOT_READ, m.NOT_READ]] and first.tolist() == [0, 4]
+    assert m.fit_zoom(1563, 100) == 16  # a 100k-token context in 64-token pages fits 100 columns at 16/char
+    assert len(set(m.SYMBOLS)) == len(m.SYMBOLS)  # readable without colour
+
+
+def test_tokens_and_draft_chain() -> None:
+    assert m.tokens_text([104, 105, 10], True) == "hi\\n"
+    assert m.token_text(32, True) == "␣" and m.token_text(1234, False) == "1234"
+    chain = m.draft_chain((5, 6, 7), (5, 9))  # first draft accepted, then the target's own token
+    assert [(c.token, c.accepted, c.bonus) for c in chain] == [(5, True, False), (6, False, False),
+                                                               (7, False, False), (9, True, True)]
+
+
+def test_violation_cell_prefers_the_recorded_cell_then_the_message() -> None:
+    rec = Violation("I10", Severity.ERROR, 4, "x", 7, array="page_table", row=1, col=3)
+    assert m.violation_cell(rec) == m.Cell("page_table", 1, 3)
+    old = Violation("I10", Severity.ERROR, 4, "step 4 request 7: page_table[2, 5] = 0 but ...", 7)
+    assert m.violation_cell(old) == m.Cell("page_table", 2, 5)
+    none = Violation("I3", Severity.ERROR, 4, "2 query tokens but 4", None)
+    assert m.violation_cell(none) is None
+
+
+def test_acceptance_by_position() -> None:
+    hist = [0, 2, 1, 0, 1]  # accept lengths 1,1,2,4 (bonus included)
+    assert m.accept_by_position(hist) == [0.5, 0.25, 0.25]
+    assert m.mean_accept(hist) == 2.0
+    assert m.bar(0.5, 4) == "██  "
+
+
+def test_run_flags_are_rebuilt_for_the_child() -> None:
+    from specscope.ui import cmd_tui
+
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers()
+    cmd_tui.add_parser(sub)
+    args = p.parse_args(["tui", "--live", "--device", "cpu", "--batch-size", "2", "--no-cuda-graph", "--inject",
+                         "stale-page-table", "--prompt-len", "24,60", "--ignore-eos", "-o", "x.db", "--break-step",
+                         "7"])
+    argv = cmd_tui.run_argv(args)
+    want = ["--device", "cpu", "--batch-size", "2", "--prompt-len", "24,60", "--ignore-eos", "--no-cuda-graph",
+            "--inject", "stale-page-table"]
+    pairs = lambda xs: sorted(" ".join(xs).replace(" --", "\n--").split("\n"))  # noqa: E731 - flag order is free
+    assert pairs(argv) == pairs(want)
+    assert "-o" not in argv and "--output" not in argv  # the TUI names the trace itself
