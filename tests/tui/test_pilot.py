@@ -268,3 +268,37 @@ async def test_export_key_reports(clean_trace: str, tmp_path, monkeypatch: pytes
         monkeypatch.chdir(tmp_path)
         await pilot.press("ctrl+e")
         assert app.message.startswith("exported")
+
+
+@pytest.mark.anyio
+async def test_follow_a_trace_another_writer_grows(clean_trace: str, tmp_path) -> None:
+    import asyncio
+    import os
+
+    from specscope.tracer.store import TraceWriter
+
+    src = TraceReader(clean_trace)
+    path = os.path.join(tmp_path, "growing.db")
+    w = TraceWriter(path, src.run)
+    for st in src.steps(0, 5):
+        w.write_step(st)
+    w.flush()
+    app = SpecscopeApp(path)  # not closed: followed
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.ready()
+        assert app.follow and app.current == 4
+        for st in src.steps(5, 30):
+            w.write_step(st)
+        w.flush()
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if app.current == 29:
+                break
+        assert app.source.num_steps() == 30 and app.current == 29  # the cursor stayed on the newest step
+        w.close()
+        for _ in range(40):
+            await pilot.pause(0.05)
+            if "trace closed" in app._statusbar._text.plain:
+                break
+        assert "trace closed" in app._statusbar._text.plain
+    src.close()
