@@ -11,7 +11,7 @@ from specscope.tracer.store import TraceReader
 from specscope.ui.tui.app import SpecscopeApp
 from specscope.ui.tui.live import Breakpoints, LiveController
 
-RUN = ["--device", "cpu", "--requests", "3", "--batch-size", "2", "--max-new-tokens", "12", "--prompt-len", "24,60",
+RUN = ["--requests", "3", "--batch-size", "2", "--max-new-tokens", "12", "--prompt-len", "24,60",
        "--page-size", "16", "--inject", "stale-page-table"]
 CONDITION = "mode == TARGET_VERIFY and graph == replay"
 
@@ -26,8 +26,19 @@ async def _until(pilot, pred, timeout: float = 60.0) -> None:
 
 @pytest.mark.anyio
 async def test_live_pause_step_breakpoints_and_quit(tmp_path) -> None:
+    await _drive(str(tmp_path), "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.anyio
+async def test_live_on_the_gpu(tmp_path) -> None:
+    """The same on CUDA: pauses flush with a device synchronize, the steps still arrive exactly."""
+    await _drive(str(tmp_path), "cuda")
+
+
+async def _drive(tmp_path: str, device: str) -> None:
     trace = os.path.join(tmp_path, "live.db")
-    ctl = LiveController(RUN, trace, Breakpoints(on_violation=False, step=5))
+    ctl = LiveController(["--device", device, *RUN], trace, Breakpoints(on_violation=False, step=5))
     ctl.launch()
     app = SpecscopeApp(trace, controller=ctl, follow=True)
     stops: dict[str, int] = {}
