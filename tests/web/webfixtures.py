@@ -18,8 +18,9 @@ PLAN = os.path.join(SAMPLES, "cpu-plan-stream-attention.db")
 CHROMIUM = "/usr/bin/chromium"
 
 
-def twin_command(trace: str, out: str) -> list[str]:
-    """The command that recorded `trace`, without its --inject flags, writing to `out`: the clean twin."""
+def twin_command(trace: str, out: str, keep_faults: bool = False) -> list[str]:
+    """The command that recorded `trace`, writing to `out`: without its --inject flags (the clean twin), or with
+    them (the same fault recorded by today's engine)."""
     from specscope.tracer.store import TraceReader
 
     with TraceReader(trace) as r:
@@ -30,10 +31,10 @@ def twin_command(trace: str, out: str) -> list[str]:
         if skip:
             skip = False
             continue
-        if a in ("--inject", "-o", "--output"):
+        if a in ("-o", "--output") or (a == "--inject" and not keep_faults):
             skip = True
             continue
-        if a.startswith(("--inject=", "-o=", "--output=")) or a == "--overwrite":
+        if a.startswith(("-o=", "--output=")) or a == "--overwrite" or (a.startswith("--inject=") and not keep_faults):
             continue
         args.append(a)
     return [sys.executable, "-m", "specscope.ui.cli", "run", *args, "-o", out, "--overwrite"]
@@ -49,14 +50,25 @@ def screenshot_dir() -> str | None:
     return d
 
 
-@pytest.fixture(scope="session", name="clean_twin")
-def clean_twin_fixture(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A clean run with the fault sample's exact flags (recorded once per session on the CPU engine)."""
+@pytest.fixture(scope="session", name="twins")
+def twins_fixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """(fault, clean): the fault sample's command recorded now with and without its fault (in parallel, once per
+    session, on the CPU engine), so the two differ only by the fault whatever engine recorded the sample."""
     pytest.importorskip("torch")
-    out = str(tmp_path_factory.mktemp("twin") / "clean.db")
-    p = subprocess.run(twin_command(FAULT, out), capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert p.returncode == 0, p.stderr
-    return out
+    d = tmp_path_factory.mktemp("twins")
+    fault, clean = str(d / "fault.db"), str(d / "clean.db")
+    procs = [subprocess.Popen(twin_command(FAULT, out, keep), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True, cwd=ROOT) for out, keep in ((fault, True), (clean, False))]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    return fault, clean
+
+
+@pytest.fixture(scope="session", name="clean_twin")
+def clean_twin_fixture(twins: tuple[str, str]) -> str:
+    """The clean run with the fault sample's exact flags."""
+    return twins[1]
 
 
 @pytest.fixture(scope="module", name="browser")
