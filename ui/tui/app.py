@@ -358,8 +358,8 @@ class SpecscopeApp(App[int]):
                 self._steps.sync_size()
                 if self._tail and (self.controller is None or self.controller.follow_tail()):
                     self.move_to(src.num_steps() - 1)
-        if self.run_hist is None and not src.loading_violations:
-            self.run_hist = src.reader.accept_histogram()
+        if self.run_hist is None and src.run_hist is not None:
+            self.run_hist = src.run_hist
         if src.violations.version != self._viol_version:
             self._steps.refresh()
             if self._main_screen.has_class("-wide") or self._main_screen.has_class("-side-open"):
@@ -371,7 +371,8 @@ class SpecscopeApp(App[int]):
         deadline = time.monotonic() + timeout
         while not self.loader.initial.is_set() and time.monotonic() < deadline:
             await self._sleep(0.02)
-        self.run_hist = self.source.reader.accept_histogram()
+        self.run_hist = self.source.run_hist if self.source.run_hist is not None else \
+            self.source.reader.accept_histogram()
         self._viol_version = -1
         if self.source.num_steps():
             self.move_to(self.current, self.highlight)

@@ -102,6 +102,7 @@ class TraceSource:
         self.checked_through: int | None = None  # steps the table's verdicts cover (None: never checked)
         self.tui_checked_through = -1  # steps the TUI's own checker has judged
         self.loading_violations = True
+        self.run_hist: list[int] | None = None  # accept-length histogram of the whole run (loaded in background)
         self._lock = threading.Lock()
         self._want: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._prefetcher: threading.Thread | None = None
@@ -270,6 +271,7 @@ class BackgroundLoader:
                 src.checked_through = r.checked_through()
                 src.violations.add(r.violations())
                 src.loading_violations = False
+                src.run_hist = r.accept_histogram()  # a pass over every verify row: off the UI thread
                 n = r.num_steps()
                 if self.auto_check and n <= self.max_steps and not (
                         src.checked_through is not None and src.checked_through >= n - 1):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from rich.console import Console
 from rich.segment import Segment
 from rich.style import Style
@@ -303,6 +304,7 @@ class RequestsTable(ScrollView, can_focus=True):
         self.cursor_row = 0
         self.highlight_row: int | None = None
         self._height = -1
+        self._rendered: dict = {}
 
     @property
     def row_count(self) -> int:
@@ -327,6 +329,7 @@ class RequestsTable(ScrollView, can_focus=True):
             rows.append([Text(str(b), style="grey42"), Text("pad", style="grey42")] + [Text("")] * 6)
         self.rows = rows
         self.widths = [max([len(h)] + [r[c].cell_len for r in rows]) for c, h in enumerate(self.HEADERS)]
+        self._rendered: dict[tuple[int, bool], tuple[list[Segment], list[Segment]]] = {}
         self.highlight_row = highlight_row
         self.cursor_row = highlight_row if highlight_row is not None and highlight_row < len(rows) else min(
             self.cursor_row, max(0, len(rows) - 1))
@@ -372,11 +375,20 @@ class RequestsTable(ScrollView, can_focus=True):
             r = int(self.scroll_offset.y) + y - 1
             if not 0 <= r < len(self.rows):
                 return Strip.blank(width)
-            cells = list(self.rows[r])
             base = _S_CURSOR if r == self.cursor_row and self.has_focus else (
                 _S_ROW_CUR if r == self.cursor_row else Style())
-            if r == self.highlight_row:
-                cells[1] = Text(cells[1].plain, style="bold black on #ffff5f")
+            key = (r, r == self.cursor_row, self.has_focus and r == self.cursor_row)
+            got = self._rendered.get(key)  # type: ignore[arg-type]
+            if got is None:
+                cells = list(self.rows[r])
+                if r == self.highlight_row:
+                    cells[1] = Text(cells[1].plain, style="bold black on #ffff5f")
+                got = self._cells(cells, base)
+                self._rendered[key] = got  # type: ignore[index]
+            fixed, rest = got
+            fw = sum(len(s.text) for s in fixed)
+            segs = fixed + _crop(rest, int(self.scroll_offset.x), max(0, width - fw))
+            return Strip(segs).crop_extend(0, width, base)
         fixed, rest = self._cells(cells, base)
         fw = sum(len(s.text) for s in fixed)
         segs = fixed + _crop(rest, int(self.scroll_offset.x), max(0, width - fw))
@@ -409,6 +421,8 @@ class PageGrid(ScrollView, can_focus=True):
         self.zoom = 0  # index into model.ZOOMS
         self.highlight: m.Cell | None = None
         self._auto_fit = True
+        self._zoom_cache: tuple | None = None
+        self._lines: dict[tuple, Strip] = {}
 
     # -- layout ----------------------------------------------------------------------------------
 
@@ -437,6 +451,7 @@ class PageGrid(ScrollView, can_focus=True):
         """Draw a new step's grid (keeps the zoom unless auto-fit is on)."""
         self.grid = grid
         self.highlight = highlight
+        self._lines.clear()
         if grid is not None and self._auto_fit:
             self.zoom = self._fit_index()
         self._sync()
@@ -487,7 +502,18 @@ class PageGrid(ScrollView, can_focus=True):
     # -- drawing ---------------------------------------------------------------------------------
 
     def render_line(self, y: int) -> Strip:
-        """Line 0: header; then one line per row; the last: the cu_seqlens end values; then the legend."""
+        """Line 0: header; then one line per row; the last: the cu_seqlens end values; then the legend.
+        Lines are cached per grid, zoom, scroll and highlight: a repaint of an unchanged grid costs nothing."""
+        key = (id(self.grid), self.zoom, int(self.scroll_offset.x), int(self.scroll_offset.y), y, self.size.width,
+               self.highlight)
+        got = self._lines.get(key)
+        if got is None:
+            if len(self._lines) > 512:
+                self._lines.clear()
+            got = self._lines[key] = self._render_line(y)
+        return got
+
+    def _render_line(self, y: int) -> Strip:
         width = self.size.width
         g = self.grid
         if g is None:
@@ -539,12 +565,19 @@ class PageGrid(ScrollView, can_focus=True):
                 txt = f"{int(g.pages[r, c])}{m.SYMBOLS[k]}".rjust(cw - 1) + " "
                 cells.append(Segment(txt, self._cell_style(k, r, c)))
         else:
-            cls, first = m.zoom_cells(g, z)
+            cls, first = self._zoomed(z)
             for c in range(cls.shape[1]):
                 k = int(cls[r, c])
                 cells.append(Segment(m.SYMBOLS[k], self._cell_style(k, r, int(first[c]), z)))
         segs.extend(_merge(_crop(cells, sx, gw)))
         return Strip(segs, width).crop(0, width)
+
+    def _zoomed(self, z: int) -> tuple[np.ndarray, np.ndarray]:
+        """The zoomed-out classes, computed once per grid and zoom (not once per drawn line)."""
+        key = (id(self.grid), z)
+        if self._zoom_cache is None or self._zoom_cache[0] != key:
+            self._zoom_cache = (key, m.zoom_cells(self.grid, z))  # type: ignore[arg-type]
+        return self._zoom_cache[1]
 
     def _cell_style(self, k: int, r: int, col: int, z: int = 1) -> Style:
         hl = self.highlight
