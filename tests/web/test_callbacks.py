@@ -176,9 +176,11 @@ def test_live_poll_follows_a_growing_trace(tmp_path: object) -> None:
     assert status == 200 and out[2] is True and "(live)" not in out[1]  # type: ignore[index]
 
 
-def test_cli_refuses_bad_input_with_one_line() -> None:
+def test_cli_refuses_bad_input_with_one_line(tmp_path: object) -> None:
+    text = tmp_path / "notes.txt"  # type: ignore[operator]
+    text.write_text("not a trace\n")
     for argv, msg in ((["web", "/nonexistent.db"], "no such file"), (["web", FAULT, "--port", "70000"], "TCP port"),
-                      (["web", FAULT, "--compare", "/etc/hostname"], "not a specscope trace")):
+                      (["web", FAULT, "--compare", str(text)], "not a specscope trace")):
         p = subprocess.run([sys.executable, "-m", "specscope.ui.cli", *argv], capture_output=True, text=True,
                            timeout=60)
         assert p.returncode == 2, (argv, p.stderr)
