@@ -177,7 +177,8 @@ def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Di
     detail = views.step_detail(step, capture=cap, kernel=src.run.attention_kernel, spans=spans)
     reqs = views.request_views(step, fmt)
     hl = highlight_row(step, params)
-    col = params.get("col")
+    # A column is a logical page only for the page-table arrays; other arrays' cells highlight the whole row.
+    col = params.get("col") if params.get("array") in (None, "page_table", "req_to_token_page_starts") else None
     grid = views.page_grid(step)
     nav = html.Div([
         dcc.Link("◀ prev", id="step-prev", href=step_href(max(0, i - 1), key), className="btn"
