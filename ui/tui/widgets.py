@@ -334,10 +334,10 @@ class RequestsTable(ScrollView, can_focus=True):
         self.cursor_row = highlight_row if highlight_row is not None and highlight_row < len(rows) else min(
             self.cursor_row, max(0, len(rows) - 1))
         want = len(rows) + 3  # border, header, rows, a horizontal scrollbar
-        if want != self._height:
+        if want > self._height:  # grows only: a layout pass only when the batch grows past its largest
             self._height = want
             self.styles.height = want  # a layout pass only when the batch size changes
-        self.virtual_size = Size(sum(self.widths) + 2 * len(self.widths), len(rows) + 1)
+        _grow_virtual(self, sum(self.widths) + 2 * len(self.widths), len(rows) + 1)
         self._reveal()
         self.refresh()
 
@@ -444,7 +444,7 @@ class PageGrid(ScrollView, can_focus=True):
 
     def _sync(self) -> None:
         rows = 0 if self.grid is None else self.grid.rows + 1
-        self.virtual_size = Size(self._label_w() + self._ncells() * self._cell_w(), rows + 2)
+        _grow_virtual(self, self._label_w() + self._ncells() * self._cell_w(), rows + 2)
         self.refresh()
 
     def show(self, grid: m.Grid | None, highlight: m.Cell | None) -> None:
@@ -596,6 +596,17 @@ class PageGrid(ScrollView, can_focus=True):
             segs.append(Segment(f" {name}  ", _S_DIM))
         segs.append(Segment(f"[{self.zoom_label()}; +/- zoom, f fit]", _S_DIM))
         return segs
+
+
+def _grow_virtual(w: ScrollView, width: int, height: int) -> None:
+    """Grow a pane's virtual size (never shrink it, widths in steps of 32): each change costs a whole-screen
+    layout pass, which was most of a step's time when every step changed it a little. A smaller step just
+    leaves blank room to scroll into."""
+    cur = w.virtual_size
+    nw = cur.width if width <= cur.width else -(-width // 32) * 32
+    nh = max(cur.height, height)
+    if (nw, nh) != (cur.width, cur.height):
+        w.virtual_size = Size(nw, nh)
 
 
 def _merge(segs: list[Segment]) -> list[Segment]:
