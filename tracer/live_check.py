@@ -42,7 +42,9 @@ class LiveChecker:
         if self.reader.major < 2:
             self.reader.close()
             raise TraceError("is a schema 1 trace; run `specscope upgrade` first", path)
-        self.checker = Checker()
+        # An upgraded schema 1 trace is schema 2 but recorded no wait edges; the catalogue must not expect them.
+        waits = "upgraded_from" not in self.reader.meta()
+        self.checker = Checker(self.reader.run, waits_recorded=waits)
         self.done = -1  # last step index checked
         self.num_errors = 0
         self.num_warnings = 0

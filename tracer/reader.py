@@ -189,6 +189,11 @@ class TraceReader(QueryMixin):
                 self._count = (n + int(more), int(top))
             return self._count[0]
 
+    def meta(self) -> dict[str, str]:
+        """The `meta` table (magic, schema_version, created_ns, closed_ns, checked_through, upgraded_from, ...)."""
+        with self._guard("reading its meta table"):
+            return {str(k): str(v) for k, v in self._conn.execute("SELECT key, value FROM meta")}
+
     def is_closed(self) -> bool:
         """True once the writer closed the trace cleanly (False while live, or after a crash)."""
         with self._guard("reading its meta table"):

@@ -57,12 +57,31 @@ def upgrade_trace(old: str, new: str, *, overwrite: bool = False, check: bool = 
                 pass
             raise
         w.close()
+        _mark_upgraded(new, r.schema_version)
     if check:
         from specscope.tracer.live_check import follow
 
         lc = follow(new, None)
         counts.update(check_errors=lc.num_errors, check_warnings=lc.num_warnings, checked_through=lc.done)
     return counts
+
+
+def _mark_upgraded(path: str, old_version: str) -> None:
+    """meta `upgraded_from`: the catalogue then knows the facts schema 1 never recorded (e.g. wait edges)."""
+    import sqlite3
+
+    from specscope.tracer.errors import TraceError
+    from specscope.tracer.writer import connect_rw, settle
+
+    try:
+        conn = connect_rw(path)
+        try:
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('upgraded_from', ?)", (old_version,))
+            settle(conn)
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise TraceError(f"cannot finish the upgrade (SQLite: {e})", path) from None
 
 
 def run(args: argparse.Namespace) -> int:
