@@ -176,6 +176,7 @@ class SpecscopeApp(App[int]):
         self._start = start
         self._tail = True  # following the newest step of a growing trace
         self._viol_version = -1
+        self._accept_pending = False
         self.message = ""
         if controller is not None:
             controller.attach(self)
@@ -292,10 +293,18 @@ class SpecscopeApp(App[int]):
             return  # hidden: drawn when shown
         verify = st if st.mode == ForwardMode.TARGET_VERIFY else self._verify_near(st)
         self._chain.show(verify, src.byte_level, st.index)
-        a, b = max(0, st.index - WINDOW), min(src.num_steps(), st.index + WINDOW + 1)
-        hist = m.window_hist(src.summaries(a, b))  # through the block cache: a moving window costs no query
-        self._accept.show(self.run_hist, hist, (a, b - 1))
+        self._show_accept(st.index)
         self._fill_violations()
+
+    def _show_accept(self, i: int) -> None:
+        """Acceptance for the run and ±WINDOW steps; after a far jump the window's summaries are fetched in the
+        background and the pane fills in on the next tick (the jump itself never waits for them)."""
+        src = self.source
+        a, b = max(0, i - WINDOW), min(src.num_steps(), i + WINDOW + 1)
+        rows = src.cached_summaries(a, b)
+        self._accept_pending = rows is None
+        if rows is not None:
+            self._accept.show(self.run_hist, m.window_hist(rows), (a, b - 1))
 
     def _verify_near(self, st: Step) -> Step | None:
         for j in list(range(st.index + 1, st.index + 12)) + list(range(st.index - 1, st.index - 12, -1)):
@@ -360,6 +369,9 @@ class SpecscopeApp(App[int]):
                     self.move_to(src.num_steps() - 1)
         if self.run_hist is None and src.run_hist is not None:
             self.run_hist = src.run_hist
+        if self._accept_pending and (self._main_screen.has_class("-wide") or
+                                     self._main_screen.has_class("-side-open")):
+            self._show_accept(self.current)
         if src.violations.version != self._viol_version:
             self._steps.refresh()
             if self._main_screen.has_class("-wide") or self._main_screen.has_class("-side-open"):
@@ -376,6 +388,9 @@ class SpecscopeApp(App[int]):
         self._viol_version = -1
         if self.source.num_steps():
             self.move_to(self.current, self.highlight)
+            while self._accept_pending and time.monotonic() < deadline:
+                await self._sleep(0.02)
+                self._show_accept(self.current)
         self._steps.refresh()
 
     async def _sleep(self, s: float) -> None:

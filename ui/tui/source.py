@@ -178,6 +178,19 @@ class TraceSource:
                 if full:
                     self._store_block(b, r.summaries(b * BLOCK, (b + 1) * BLOCK))
 
+    def cached_summaries(self, start: int, stop: int) -> list[StepSummary] | None:
+        """Summaries of [start, stop) if every block is cached already; else None (and they are prefetched)."""
+        lo, hi = max(0, start), min(stop, self._n)
+        if hi <= lo:
+            return []
+        with self._lock:
+            missing = [b for b in range(lo // BLOCK, (hi - 1) // BLOCK + 1) if b not in self._blocks]
+        full_missing = [b for b in missing if (b + 1) * BLOCK <= self._n]
+        if full_missing:
+            self.prefetch(lo, hi)
+            return None
+        return self.summaries(lo, hi)
+
     def summaries(self, start: int, stop: int) -> list[StepSummary]:
         """Summaries of [start, stop) clipped to the trace, through the block cache."""
         out = []
