@@ -1,6 +1,7 @@
 """The TUI's window on a trace: bounded caches over `TraceReader`, so nothing ever loads every step.
 
-Summaries come in blocks of `BLOCK` rows, decoded steps in a small LRU; the violation index holds only
+Summaries come in blocks of `BLOCK` rows (prefetched around the current step on a thread), decoded steps
+in a small LRU; the violation index holds only
 violations (sparse), merged from the trace's table and from the TUI's own streaming checker for traces that
 were never checked. Background work uses its own reader, so the UI thread never waits on its lock.
 """
@@ -20,8 +21,8 @@ from specscope.ui.views import is_byte_level
 
 from .model import violation_key
 
-BLOCK = 256
-_BLOCKS_KEPT = 64
+BLOCK = 64  # small: a far jump fetches one screen of summaries on the UI thread; neighbours are prefetched
+_BLOCKS_KEPT = 256
 _STEPS_KEPT = 48
 AUTO_CHECK_MAX_STEPS = 20_000  # beyond this the TUI checks only when asked (palette: "Check the trace")
 
