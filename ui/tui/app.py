@@ -177,6 +177,7 @@ class SpecscopeApp(App[int]):
         self._tail = True  # following the newest step of a growing trace
         self._viol_version = -1
         self._accept_pending = False
+        self._settle: Any = None
         self.message = ""
         if controller is not None:
             controller.attach(self)
@@ -282,10 +283,24 @@ class SpecscopeApp(App[int]):
             row = cell.row
         self._requests.show(st, src.byte_level, row)
         self._grid_w.show(self._grid(st), cell)
-        self._timeline.show(i)
-        self._side(st)
+        if self.accel.streak > 0 and self.accel.key is not None:
+            # A held key: the streams and side panes follow once it is released (Dolphie debounces its replay
+            # keys the same way), so each repeat redraws only the step list, detail, requests and grid.
+            if self._settle is not None:
+                self._settle.stop()
+            self._settle = self.set_timer(0.12, self._settled)
+        else:
+            self._timeline.show(i)
+            self._side(st)
         self._status()
         src.prefetch(i - WINDOW - BLOCK, i + WINDOW + BLOCK)
+
+    def _settled(self) -> None:
+        self._settle = None
+        self.accel.streak = 0
+        if self.source.num_steps():
+            self._timeline.show(self.current)
+            self._side(self.source.step(self.current))
 
     def _side(self, st: Step) -> None:
         src = self.source
