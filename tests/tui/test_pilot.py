@@ -143,7 +143,7 @@ async def test_search_by_request_mode_and_condition(clean_trace: str) -> None:
 @pytest.mark.anyio
 async def test_violation_jumps_highlight_the_named_cell(faulty_trace: str) -> None:
     with TraceReader(faulty_trace) as r:
-        found = list(check_steps(r.steps()))
+        found = list(check_steps(r.steps(), r.run, waits_recorded=r.major >= 2))
     steps = sorted({v.step for v in found})
     assert steps, "the faulty sample must have violations"
     app = SpecscopeApp(faulty_trace)

@@ -313,7 +313,8 @@ class BackgroundLoader:
         from specscope.tracer.checks import Checker
 
         if self._checker is None:
-            self._checker = Checker()
+            # As `specscope check` does: the run's settings, and schema 1 recorded no wait edges.
+            self._checker = Checker(r.run, waits_recorded=r.major >= 2)
         src = self.source
         new: list[Violation] = []
         for st in r.steps(self._fed + 1, stop):
