@@ -8,6 +8,7 @@ import socket
 import threading
 
 from specscope.backend.control import ControlPoint, RunStopped
+from tui_fixtures import _at_root  # noqa: F401 - fixtures
 
 
 class Viewer:

@@ -10,6 +10,7 @@ from specscope.tracer.checks import check_steps
 from specscope.tracer.store import TraceReader
 from specscope.ui.tui.app import SpecscopeApp
 from specscope.ui.tui.live import Breakpoints, LiveController
+from tui_fixtures import _at_root, anyio_backend  # noqa: F401 - fixtures
 
 RUN = ["--requests", "3", "--batch-size", "2", "--max-new-tokens", "12", "--prompt-len", "24,60",
        "--page-size", "16", "--inject", "stale-page-table"]

@@ -9,6 +9,20 @@ from specscope.tracer.store import TraceReader
 from specscope.ui.tui import model as m
 from specscope.ui.tui.app import ACTIONS, Accelerator, SpecscopeApp
 from specscope.ui.tui.widgets import PageGrid, RequestsTable, StepList
+from tui_fixtures import _at_root, anyio_backend  # noqa: F401 - fixtures
+from tui_samples import sample
+
+
+@pytest.fixture
+def clean_trace() -> str:
+    """The default CPU sample."""
+    return sample("cpu-default")
+
+
+@pytest.fixture
+def faulty_trace() -> str:
+    """A CPU sample recorded with the stale-page-table fault (violations with page-table cells)."""
+    return sample("cpu-fault-stale-page-table")
 
 
 class FakeClock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from specscope.tracer.store import TraceReader
 from specscope.ui.tui.app import SpecscopeApp
+from tui_fixtures import _at_root  # noqa: F401 - fixtures
 from tui_samples import sample
 
 SIZES = {"wide": (120, 40), "small": (80, 24)}

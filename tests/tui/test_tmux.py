@@ -10,6 +10,7 @@ import time
 import uuid
 
 import pytest
+from tui_fixtures import _at_root  # noqa: F401 - fixtures
 from tui_samples import ROOT, sample
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")

@@ -10,6 +10,7 @@ import numpy as np
 from specscope.tracer.schema import Severity, Violation
 from specscope.tracer.store import TraceReader
 from specscope.ui.tui import model as m
+from tui_fixtures import _at_root  # noqa: F401 - fixtures
 from tui_samples import ROOT
 
 
