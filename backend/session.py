@@ -34,6 +34,7 @@ class SessionResult:
     trace_path: str | None
     device_name: str
     kernels: str
+    check: tuple[int, int, int] | None = None  # (checked through step, errors, warnings) from the live checker
 
 
 def resolve_device(device: str) -> str:
@@ -88,9 +89,10 @@ def _versions() -> dict[str, str]:
 
 def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, overwrite: bool = False,
                 progress: Callable[[int, int], None] | None = None, random_weights: bool = False,
-                control: ControlPoint | None = None) -> SessionResult:
+                control: ControlPoint | None = None, check: bool = True) -> SessionResult:
     """Run `cfg` end to end, recording into `trace_path` (no trace when None); `control` lets a live viewer
-    pause the engine after each recorded step (backend/control.py)."""
+    pause the engine after each recorded step (backend/control.py); `check` runs the invariant catalogue beside
+    the writer (a separate process, tracer/live_check.py), so the trace carries its violations."""
     cfg.device = resolve_device(cfg.device)
     cfg.validate()
     dev = torch.device(cfg.device)
@@ -128,7 +130,7 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
                        draft_model=str(cfg.draft) if cfg.spec_steps else None, device=device_name,
                        device_capability=cap, attention_kernel=kernels.name, versions=_versions(),
                        git_commit=_git_commit(), start_ns=time.time_ns(), hostname=socket.gethostname())
-        writer = ProcessTraceWriter(trace_path, info, overwrite=overwrite)
+        writer = ProcessTraceWriter(trace_path, info, overwrite=overwrite, check=check)
         recorder = Recorder(writer, dev)
     if control is not None:
         recorder = ControlledRecorder(recorder, control)  # type: ignore[assignment]
@@ -143,5 +145,7 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
         recorder.close()
         if control is not None:
             control.close()
-    return SessionResult(stats, requests, trace_path, device_name, kernels.name)
+    cr = None if writer is None else writer.check_result
+    verdict = None if cr is None else (cr.checked_through, cr.num_errors, cr.num_warnings)
+    return SessionResult(stats, requests, trace_path, device_name, kernels.name, verdict)
 

@@ -31,6 +31,9 @@ _NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", 
               torch.bool: "bool", torch.float32: "float32"}
 
 
+_DEAD_CONTEXT_OBJECTS: list[Any] = []
+
+
 def is_sticky_cuda_error(e: BaseException) -> bool:
     """A CUDA error that poisons the context (illegal address, launch failure): every later call fails too."""
     return type(e).__name__ == "AcceleratorError" or (isinstance(e, RuntimeError) and "CUDA error" in str(e))
@@ -356,6 +359,9 @@ class Recorder:
         finished (a step begun but never launched ran nothing and is left out)."""
         launched = [r for r in self._open if r.index >= 0]
         recs = sorted(list(self._pending) + launched, key=lambda r: r.index)
+        # Device objects must never be destroyed now: their destructors query the dead context and print C++
+        # warnings (or abort). The process is ending; keep them referenced until it does.
+        _DEAD_CONTEXT_OBJECTS.extend([self._free_events, self._ring, self._clock, recs])
         self._pending.clear()
         self._open.clear()
         if recs and not any(e.fatal for r in recs for e in r.errors):
@@ -366,6 +372,7 @@ class Recorder:
         for r in recs:
             r.end_ns = r.end_ns or time.perf_counter_ns()
             if self.is_cuda:
+                _DEAD_CONTEXT_OBJECTS.append((r.spans, r.packs, r.floats, r.done_event))
                 r.packs, r.floats, r.done_event = [], [], None  # device copies may never have landed
                 r.spans = [s for s in r.spans if not isinstance(s.start, torch.cuda.Event)]
             self.writer.write_raw_step(self._resolve(r))

@@ -84,7 +84,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("SPECSCOPE_DEBUG"):
             raise
         _error(f"{type(e).__name__}: {e} (set SPECSCOPE_DEBUG=1 for a traceback)")
+        if _is_sticky_cuda_error(e):
+            # The CUDA context is gone: torch's destructors at interpreter exit would print C++ warnings and
+            # abort (exit 134). The trace is already closed, so leave without running them.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_UNREADABLE)
         return EXIT_UNREADABLE
+
+
+def _is_sticky_cuda_error(e: BaseException) -> bool:
+    # By name: the CLI must not import torch to recognise torch's error type.
+    return type(e).__name__ == "AcceleratorError" or (isinstance(e, RuntimeError) and "CUDA error" in str(e))
 
 
 def _error(message: str) -> None:

@@ -48,13 +48,15 @@ def run(args: argparse.Namespace) -> int:
     rc = run_engine(args)
     if rc != 0 or args.no_trace or not os.path.exists(args.output):
         return rc
-    from specscope.tracer.checks import check_steps
-    from specscope.tracer.schema import Severity
     from specscope.tracer.store import TraceReader
 
-    with TraceReader(args.output) as reader:
-        found = list(check_steps(reader.steps()))
-    errors = sum(v.severity == Severity.ERROR for v in found)
-    print(f"checks        {len(found)} violations ({errors} errors)")
+    with TraceReader(args.output) as reader:  # the run's live checker wrote its verdicts into the trace
+        counts = reader.count_violations_by_id()
+        errors = len(reader.violations(severity="error"))
     print(f"\nnext: specscope info {args.output}    specscope check {args.output}", file=sys.stderr)
+    if errors:
+        ids = ", ".join(f"{k}={n}" for k, n in sorted(counts.items()))
+        print(f"specscope: the checks found {errors} errors ({ids}): see specscope check {args.output}",
+              file=sys.stderr)
+        return 1
     return 0

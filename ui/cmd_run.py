@@ -303,3 +303,7 @@ def print_summary(res: SessionResult) -> None:
         print("by position   " + "  ".join(f"d{j}={r:.2f}" for j, r in enumerate(rates)))
     if res.trace_path:
         print(f"trace         {res.trace_path}")
+    if res.check is not None:
+        through, errors, warnings = res.check
+        print(f"checks        {errors} errors, {warnings} warnings in steps 0..{through} "
+              f"(specscope check {res.trace_path})")

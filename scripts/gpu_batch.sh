@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The H200 runs a session makes, in parts that each fit one 10-minute device call. From the project root on the
+# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | records). Logs and results go to $OUT as one
+# log file and one tarball (the device tool brings back at most 8 files).
+set -uo pipefail
+part=${1:?usage: gpu_batch.sh tests|records}
+out=${OUT:-/tmp/gpu-out}
+work=/tmp/gpu-work-$part
+mkdir -p "$out" "$work"
+log=$out/log-$part.txt
+. .gpu/setup.sh >>"$log" 2>&1 || { echo "setup failed"; tail -5 "$log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$log" 2>&1
+step() {  # step NAME SECONDS CMD...: run with a time limit, log everything, print one status line
+  local name=$1 lim=$2; shift 2
+  echo "=== $name start $(date +%T)" >>"$log"
+  timeout "$lim" "$@" >>"$log" 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc $(date +%T)" | tee -a "$log"
+}
+case $part in
+  tests)
+    step gpu-tests 330 python -m pytest -q -m gpu tests/gpu -rs -p no:cacheprovider
+    step sticky 60 bash -c "specscope run --device cuda --inject wild-page-id --requests 4 --batch-size 2 \
+      --max-new-tokens 16 -o $work/sticky.db; echo rc=\$?; specscope check $work/sticky.db --max-per-check 2"
+    step detection 150 python scripts/detection_table.py --device cuda --out "$work/detection-h200.json"
+    step save-kernels 40 bash .gpu/save-kernels.sh "$work/k"
+    ;;
+  records)
+    S=$work/samples; mkdir -p "$S"
+    step samples 120 bash -c "
+      specscope run --requests 8 --batch-size 4 --max-new-tokens 32 -o $S/h200-default.db --quiet &&
+      specscope run --requests 8 --batch-size 4 --max-new-tokens 32 --plan-stream -o $S/h200-plan-stream.db --quiet &&
+      specscope run --requests 24 --batch-size 8 --max-new-tokens 48 --record-attention 20 -o $S/h200-graphs-changing-bs.db --quiet &&
+      for f in $S/*.db; do specscope check \$f --write >/dev/null; echo \$f check rc=\$?; done"
+    step replay 150 bash scripts/gpu_replay.sh "$work/replay"
+    step sglang 90 env SPECSCOPE_SGLANG_GPU_OUT="$work/sglang" python -m pytest -q -m gpu tests/unit/test_sglang_gpu.py -rs -s
+    step engine-speed 200 python benchmarks/engine_speed.py --quick --out-dir "$work/bench"
+    ;;
+esac
+tar czf "$out/res-$part.tgz" -C "$work" . 2>>"$log"
+echo "done $part: $(du -sh "$out/res-$part.tgz" | cut -f1)"
