@@ -250,7 +250,12 @@ class Recorder:
             starts = [self._event() for _ in recs]
             for e in starts:
                 e.record(cuda_stream)
-            yield
+            try:
+                yield
+            except BaseException as exc:
+                if is_sticky_cuda_error(exc):
+                    _DEAD_CONTEXT_OBJECTS.append(starts)  # destroying them now would warn on the dead context
+                raise
             for r, start in zip(recs, starts, strict=True):
                 end = self._event()
                 end.record(cuda_stream)
