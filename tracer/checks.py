@@ -494,7 +494,8 @@ def _check_padding(c: _Ctx) -> None:
                 break
     loc = c.arr("out_cache_loc")
     if loc is not None:
-        t = s.tokens_per_request if s.mode in _UNIFORM else 1
+        # Draft extend (spec v2) runs T tokens per row like verify; only ragged extend has one row per token.
+        t = s.tokens_per_request if s.mode in _UNIFORM or s.mode == ForwardMode.DRAFT_EXTEND else 1
         bad = np.nonzero(loc[lo * t: hi * t] != 0)[0]
         if bad.size:
             k = lo * t + int(bad[0])
