@@ -7,8 +7,10 @@ import contextlib
 import json
 import os
 import pathlib
+import shutil
 import sqlite3
 import struct
+import tempfile
 import threading
 import zlib
 from collections.abc import Iterable, Iterator
@@ -82,20 +84,48 @@ class TraceReader(QueryMixin):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        self.bundle_path: str | None = None  # set when `path` is a bug-report bundle (.zip)
+        self._tmpdir: str | None = None
         self._lock = threading.RLock()
         self._arrays: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
         self._count = (0, -(2**63))  # (steps counted, highest index counted) for num_steps()
         self._zdicts: dict[int, zstandard.ZstdDecompressor] = {}
         self.major = 0
-        check_file(self.path)
-        self._conn = self._open()
+        self._open_bundle()
+        try:
+            check_file(self.path)
+            self._conn = self._open()
+        except BaseException:
+            self._remove_bundle_copy()
+            raise
         try:
             self._conn.execute("PRAGMA busy_timeout = 10000")
             self.schema_version = self._check_meta()
             self.run = self._read_run()
         except BaseException:
             self._conn.close()
+            self._remove_bundle_copy()
             raise
+
+    def _open_bundle(self) -> None:
+        # Every command opens a bug-report bundle where it opens a trace: its trace.db is read from a private
+        # temporary copy, removed at close (so `check --write` on a bundle changes only that copy).
+        from .export.bundle import _extract_trace, is_bundle
+
+        if not is_bundle(self.path):
+            return
+        self.bundle_path = self.path
+        self._tmpdir = tempfile.mkdtemp(prefix="specscope-bundle-")
+        try:
+            self.path = _extract_trace(self.bundle_path, self._tmpdir)
+        except BaseException:
+            self._remove_bundle_copy()
+            raise
+
+    def _remove_bundle_copy(self) -> None:
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
 
     def _open(self) -> sqlite3.Connection:
         uri = pathlib.Path(self.path).resolve().as_uri() + "?mode=ro"
@@ -657,9 +687,10 @@ class TraceReader(QueryMixin):
     # -- lifetime --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the file."""
+        """Close the file (and remove a bundle's temporary copy)."""
         with self._lock:
             self._conn.close()
+            self._remove_bundle_copy()
 
     def __enter__(self) -> TraceReader:
         return self
