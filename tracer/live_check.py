@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import sqlite3
 import sys
 import time
@@ -131,6 +132,8 @@ def follow(path: str, stdin_fd: int | None) -> LiveChecker:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the checker process."""
+    # Ctrl-C reaches the run's whole process group; the engine side ends the run and then waits for us to finish.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         print("usage: python -m specscope.tracer.live_check TRACE", file=sys.stderr)

@@ -404,8 +404,11 @@ class ProcessTraceWriter:
 
     def _start_checker(self) -> None:
         self._checker_err = tempfile.TemporaryFile()
+        # A session of its own: a terminal's Ctrl-C must not reach it before it can ignore SIGINT (the engine
+        # ends the run and then waits for its last verdicts); it still exits when our pipe closes.
         self._checker = subprocess.Popen([sys.executable, "-m", "specscope.tracer.live_check", self.path],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._checker_err)
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._checker_err,
+                                         start_new_session=True)
 
     def _finish_checker(self) -> str | None:
         """Tell the checker the run is over, wait for its last verdicts; an error text if it failed."""
