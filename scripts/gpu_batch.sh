@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 runs a session makes, in parts that each fit one 10-minute device call. From the project root on the
-# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | records). Logs and results go to $OUT as one
+# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | records | bench). Logs and results go to $OUT as one
 # log file and one tarball (the device tool brings back at most 8 files).
 set -uo pipefail
 part=${1:?usage: gpu_batch.sh tests|records}
@@ -26,6 +26,10 @@ case $part in
     step save-kernels 40 bash .gpu/save-kernels.sh "$work/k"
     ;;
   records)
+    step retest 200 python -m pytest -q -m gpu -rs -p no:cacheprovider \
+      "tests/gpu/test_engine_gpu.py::test_no_plan_wait_race_is_caught_on_gpu" \
+      "tests/gpu/test_engine_gpu.py::test_sticky_cuda_error_keeps_every_pending_step"
+    step detection 200 python scripts/detection_table.py --device cuda --out "$work/detection-h200.json"
     S=$work/samples; mkdir -p "$S"
     step samples 120 bash -c "
       specscope run --requests 8 --batch-size 4 --max-new-tokens 32 -o $S/h200-default.db --quiet &&
@@ -34,8 +38,11 @@ case $part in
       for f in $S/*.db; do specscope check \$f --write >/dev/null; echo \$f check rc=\$?; done"
     step replay 150 bash scripts/gpu_replay.sh "$work/replay"
     step sglang 90 env SPECSCOPE_SGLANG_GPU_OUT="$work/sglang" python -m pytest -q -m gpu tests/unit/test_sglang_gpu.py -rs -s
-    step engine-speed 200 python benchmarks/engine_speed.py --quick --out-dir "$work/bench"
+    ;;
+  bench)
+    step engine-speed 420 python benchmarks/engine_speed.py --quick --out-dir "$work/bench"
     ;;
 esac
+rm -rf "$work/k"
 tar czf "$out/res-$part.tgz" -C "$work" . 2>>"$log"
 echo "done $part: $(du -sh "$out/res-$part.tgz" | cut -f1)"
