@@ -28,8 +28,6 @@ from ..tracer.export.attention_call import RecordedCall
 from .reference_attention import ReferenceKernels, gather_kv
 from .spec_mask import packed_causal_mask
 
-COMPARISONS = ("kernel-vs-reference", "recorded-vs-reference", "kernel-vs-truth")
-
 
 @dataclass(frozen=True)
 class HeadDiff:
@@ -214,3 +212,10 @@ def replay(call: RecordedCall, device: str, attention_kernel: str, dtype_name: s
     res.diffs += _compare("recorded-vs-reference", recorded, ref, call, set())
     res.diffs += _compare("kernel-vs-truth", got, truth, call, no_truth)
     return res
+
+
+def device_problem(device: str) -> str | None:
+    """Why `device` cannot run a replay here (one sentence), or None."""
+    if device != "cpu" and not torch.cuda.is_available():
+        return f"--device {device}: torch sees no CUDA device here (use --device cpu)"
+    return None

@@ -53,17 +53,13 @@ def run(args: argparse.Namespace) -> int:
         except NoRecordedCall as e:
             return _fail(f"{args.trace}: {e}")
         run_info = reader.run
-    try:
-        import torch  # noqa: F401
+    try:  # the kernels run in the engine's package (torch); this command only reads the trace and reports
+        from specscope.backend.replay import REL_TOL, device_problem, replay
     except ImportError:
         return _fail("replay needs torch: pip install 'specscope[engine]'")
-    from specscope.backend.replay import REL_TOL, replay
-
-    if args.device != "cpu":
-        import torch
-
-        if not torch.cuda.is_available():
-            return _fail(f"--device {args.device}: torch sees no CUDA device here (use --device cpu)")
+    problem = device_problem(args.device)
+    if problem is not None:
+        return _fail(problem)
     try:
         res = replay(call, args.device, run_info.attention_kernel, run_info.config.get("dtype"),
                      REL_TOL if args.tol is None else args.tol)
@@ -87,16 +83,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _as_json(res, step) -> dict:  # noqa: ANN001 - ReplayResult, Step (imported lazily)
+    from specscope.tracer.export.attention_call import COMPARISONS
+
     return {"step": res.step, "model": step.model, "mode": step.mode.value, "kernel": res.kernel, "device": res.device,
             "entry": res.entry, "args": res.args, "args_recorded": res.args_recorded, "tol": res.tol,
             "agrees": res.agrees, "notes": res.notes,
-            "worst": {c: res.worst(c) for c in ("kernel-vs-reference", "recorded-vs-reference", "kernel-vs-truth")},
+            "worst": {c: res.worst(c) for c in COMPARISONS},
             "diffs": [d.__dict__ for d in res.diffs]}
 
 
 def format_result(res, step, run_info, all_heads: bool = False) -> str:  # noqa: ANN001
     """The one-screen replay report."""
-    from specscope.backend.replay import COMPARISONS
+    from specscope.tracer.export.attention_call import COMPARISONS
 
     lines = [f"step {step.index}: {step.model} {step.mode.value} ({step.graph.value}), bs {step.batch_size} "
              f"padded {step.padded_batch_size}, T {step.tokens_per_request}, K {step.num_draft_tokens}",

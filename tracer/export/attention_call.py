@@ -25,6 +25,10 @@ ENTRY_DECODE, ENTRY_CONTEXT = 0, 1  # kernels.decode (XQA / trtllm-gen) or kerne
 REQUIRED = ("attn_q", "attn_out", "attn_kv", "attn_page_ids", "attn_scaling", "cache_seqlens", "page_table")
 
 
+# What a replay compares, in report order (backend/replay.py computes them; the CLI prints them).
+COMPARISONS = ("kernel-vs-reference", "recorded-vs-reference", "kernel-vs-truth")
+
+
 class NoRecordedCall(ValueError):
     """The step has no (complete) recorded attention call; the message says which array is missing."""
 
