@@ -1,9 +1,17 @@
-"""The engine: requests arrive and finish; each iteration prefills newcomers, then runs EAGLE-style
-draft decode (N steps, topk=1) -> target verify (T = N+1 tokens per request) -> accept -> draft extend,
-or plain decode when there is no draft. Every forward goes through the TRTLLM MHA backend and is recorded.
+"""The engine: requests arrive and finish; each iteration prefills newcomers, then runs the EAGLE loop as SGLang's
+spec-v2 worker does (topk=1 chain, N drafts, T = N+1 verified tokens per request): N-1 draft decodes (the first
+draft token comes from the previous draft extend's logits) -> target verify -> accept on the device -> draft extend
+over the verified tokens, whose logits at the last accepted position give the next first draft token. Plain
+decode when there is no draft. Every forward goes through the TRTLLM MHA backend and is recorded.
 
-Sequence conventions (SGLang spec v2): a running request has `seq_len` = S committed KV positions in both
-models and a root token (the newest output) at position S that is not in the KV cache yet.
+Sequence conventions (SGLang spec v2): a running request has `seq_len` = S committed KV positions in the target
+and a root token (the newest output) at position S that is not in the target's KV cache yet. The draft reads token
+p+1 at position p, as an EAGLE draft does (its prefill is over prompt[1:] + the first output token), so the draft
+has consumed the root and draft step i writes position S+i.
+
+Host/device traffic per steady-state iteration: one pinned non-blocking upload of the batch's host inputs (slots,
+seq_lens, new pages) and one read of the accept result (drafts, verified tokens, accept lengths) — the only
+synchronization; positions, KV slots, draft tokens, acceptance and the next roots stay on the device.
 """
 
 from __future__ import annotations
@@ -19,10 +27,11 @@ from ..tracer.recorder import NullRecorder, Recorder
 from ..tracer.schema import ForwardMode, RequestRecord
 from .engine_config import EngineConfig
 from .forward_batch import ForwardBatch
-from .memory import PageAllocator, ReqToTokenPool, RequestKV
+from .host_inputs import HostInputs
+from .memory import PageAllocator, PageWrites, ReqToTokenPool, RequestKV
 from .model_runner import ModelRunner, request_states
 from .request import Request
-from .sampling import greedy_accept, rejection_accept
+from .sampling import greedy_accept_device, rejection_accept_device, sample_device
 from .streams import Streams, nvtx
 
 
@@ -57,7 +66,8 @@ class Engine:
         self.spec = draft is not None and cfg.spec_steps > 0
         self.T = cfg.verify_tokens if self.spec else 1
         self.K = cfg.spec_steps + 1 if self.spec else 1  # what the backend caches at construction
-        self.num_draft_steps = self.T - 1
+        self.num_drafts = self.T - 1  # N draft tokens per request and iteration
+        self.num_draft_steps = max(self.T - 2, 0)  # draft decode forwards: the first draft comes from draft extend
         p = cfg.page_size
         self.r2t = ReqToTokenPool(cfg.batch_size, cfg.max_context_len, self.device)
         pages_per_req = -(-cfg.max_context_len // p)
@@ -80,10 +90,20 @@ class Engine:
                                      **common)
         self.streams = Streams(self.device, cfg.plan_stream)
         self.nvtx = self.device.type == "cuda"
+        dev, slots = self.device, cfg.batch_size + 1
         # Persistent device inputs the producers write and the plan stream reads.
-        self.seq_lens_buf = torch.zeros(cfg.batch_size, dtype=torch.int32, device=self.device)
-        self.gen = torch.Generator().manual_seed(cfg.seed)
-        self.stats = RunStats(accepted_by_position=[0] * max(self.num_draft_steps, 0))
+        self.seq_lens_buf = torch.zeros(cfg.batch_size, dtype=torch.int32, device=dev)
+        # Per request slot, on the device: the root (newest committed token) and the next first draft token (and,
+        # when sampling, the draft's probabilities for it), so the loop never sends tokens from the host.
+        self.root_tok = torch.zeros(slots, dtype=torch.int64, device=dev)
+        self.first_draft = torch.zeros(slots, dtype=torch.int64, device=dev)
+        self.first_draft_probs: torch.Tensor | None = None
+        self.inputs = HostInputs(dev)
+        self._arange = torch.arange(max(cfg.batch_size, self.T) + 1, dtype=torch.int64, device=dev)
+        self._readback: torch.Tensor | None = None
+        self._readback_event = torch.cuda.Event() if dev.type == "cuda" else None
+        self.gen = torch.Generator(device=dev).manual_seed(cfg.seed)
+        self.stats = RunStats(accepted_by_position=[0] * self.num_drafts)
         self.iteration = 0
         if cfg.cuda_graph:
             self._capture()
@@ -103,8 +123,9 @@ class Engine:
                 return
             self.target.capture_graphs([(ForwardMode.TARGET_VERIFY, None, self.T)], self.cfg.batch_size,
                                        self._template(self.target), ladder)
-            self.draft.capture_graphs([(ForwardMode.DRAFT_DECODE, i, 1) for i in range(self.num_draft_steps)],
-                                      self.cfg.batch_size, self._template(self.draft), ladder)
+            modes = [(ForwardMode.DRAFT_DECODE, i, 1) for i in range(self.num_draft_steps)]
+            modes.append((ForwardMode.DRAFT_EXTEND, None, self.T))
+            self.draft.capture_graphs(modes, self.cfg.batch_size, self._template(self.draft), ladder)
 
     # ---- the run -------------------------------------------------------------------------------------
     def run(self, requests: list[Request], progress: Callable[[int, int], None] | None = None) -> RunStats:
@@ -156,18 +177,15 @@ class Engine:
             finish_reason=r.finish_reason))
 
     # ---- helpers -------------------------------------------------------------------------------------
-    def _batch(self, runner: ModelRunner, mode: ForwardMode, reqs: list[Request], *, input_ids: torch.Tensor,
-               positions: list[int], seq_lens: torch.Tensor, seq_lens_cpu: list[int], q_lens: list[int],
-               step_id: int | None = None) -> ForwardBatch:
-        dev = self.device
-        rpi = torch.tensor([r.slot for r in reqs], dtype=torch.int64, device=dev)
-        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
-        # Built on the host: repeat_interleave with device repeats would sync the GPU on every batch.
-        row = torch.tensor([r.slot for r, n in zip(reqs, q_lens, strict=True) for _ in range(n)], device=dev)
-        out_loc = self.r2t.req_to_token[row, pos].to(torch.int64)
+    def _batch(self, runner: ModelRunner, mode: ForwardMode, bs: int, *, rpi: torch.Tensor, rows: torch.Tensor,
+               input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor, seq_lens_cpu: list[int],
+               q_lens: list[int], step_id: int | None = None) -> ForwardBatch:
+        """A forward batch from device tensors: rpi int64 `[bs]`, rows / positions int64 `[num_tokens]` (the request
+        slot and position of every query token); the KV write slots are looked up on the device."""
+        out_loc = self.r2t.req_to_token[rows, positions].to(torch.int64)
         uniform = mode in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY)
         return ForwardBatch(
-            forward_mode=mode, batch_size=len(reqs), input_ids=input_ids, positions=pos, seq_lens=seq_lens,
+            forward_mode=mode, batch_size=bs, input_ids=input_ids, positions=positions, seq_lens=seq_lens,
             seq_lens_cpu=torch.tensor(seq_lens_cpu, dtype=torch.int32), req_pool_indices=rpi,
             out_cache_loc=out_loc, req_to_token_pool=self.r2t, token_to_kv_pool=runner.kv_pool,
             attn_backend=runner.backend_for(mode, step_id),
@@ -189,62 +207,101 @@ class Engine:
         return logits
 
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Next tokens `[n]` (argmax, or sampled at temperature) and their probabilities (sampling only)."""
+        """Next tokens int64 `[n]` (argmax, or sampled at temperature) and their probabilities float32 `[n, V]`
+        (sampling only); on the device, no sync."""
         if self.cfg.temperature <= 0:
             return logits.argmax(-1), None
         probs = torch.softmax(logits.float() / self.cfg.temperature, -1)
-        return torch.multinomial(probs.cpu(), 1, generator=self.gen).view(-1).to(logits.device), probs
+        return sample_device(probs, self.gen), probs
+
+    def _read(self, t: torch.Tensor) -> list[int]:
+        """The host's one read per phase (int64 `[n]`): a non-blocking copy into pinned memory and an event wait."""
+        if self._readback_event is None:
+            return t.tolist()
+        n = t.numel()
+        if self._readback is None or self._readback.numel() < n:
+            self._readback = torch.empty(max(n, 4096), dtype=torch.int64, pin_memory=True)
+        host = self._readback[:n]
+        host.copy_(t, non_blocking=True)
+        self._readback_event.record()
+        self._readback_event.synchronize()
+        return host.tolist()
+
+    def _keep_first_drafts(self, rpi: torch.Tensor, logits: torch.Tensor) -> None:
+        """The draft's next token for each row becomes that request's first draft token of its next iteration."""
+        tok, probs = self._sample(logits)
+        self.first_draft[rpi] = tok
+        if probs is not None:
+            if self.first_draft_probs is None:
+                self.first_draft_probs = torch.zeros(self.root_tok.shape[0], probs.shape[1], dtype=probs.dtype,
+                                                     device=self.device)
+            self.first_draft_probs[rpi] = probs
 
     # ---- prefill -------------------------------------------------------------------------------------
     def _prefill(self, reqs: list[Request]) -> None:
+        pending = PageWrites()
         for r in reqs:
             r.kv = RequestKV(self.r2t.alloc())
-            r.kv.ensure(len(r.prompt), self.pages, self.r2t)
+            r.kv.ensure(len(r.prompt), self.pages, self.r2t, pending)
         lens = [len(r.prompt) for r in reqs]
-        ids = torch.tensor([t for r in reqs for t in r.prompt], dtype=torch.int64, device=self.device)
-        positions = [p for n in lens for p in range(n)]
-        seq = torch.tensor(lens, dtype=torch.int32, device=self.device)
-        runners = [self.target] + ([self.draft] if self.spec else [])
-        last = torch.tensor(lens, device=self.device).cumsum(0) - 1
-        first = None
-        for runner in runners:
-            fb = self._batch(runner, ForwardMode.EXTEND, reqs, input_ids=ids, positions=positions, seq_lens=seq,
-                             seq_lens_cpu=lens, q_lens=lens)
-            fb.extend_prefix_lens_cpu = [0] * len(reqs)
+        n, last_h, acc = len(reqs), [], 0
+        for x in lens:
+            acc += x
+            last_h.append(acc - 1)
+        ids, pos, rows, rpi, seq, last, *pw = self.inputs.upload([
+            [t for r in reqs for t in r.prompt], [p for x in lens for p in range(x)],
+            [r.slot for r, x in zip(reqs, lens, strict=True) for _ in range(x)], [r.slot for r in reqs], lens,
+            last_h, *pending.parts()])
+        PageWrites.apply(self.r2t, self.cfg.page_size, *pw)
+        seq = seq.to(torch.int32)
+
+        def extend(runner: ModelRunner, input_ids: torch.Tensor) -> torch.Tensor:
+            fb = self._batch(runner, ForwardMode.EXTEND, n, rpi=rpi, rows=rows, input_ids=input_ids, positions=pos,
+                             seq_lens=seq, seq_lens_cpu=lens, q_lens=lens)
+            fb.extend_prefix_lens_cpu = [0] * n
             with nvtx(f"{runner.name} extend", self.nvtx):
-                logits = self._forward(runner, fb, lambda: request_states(reqs, [0] * len(reqs), lens, lens), last)
-            if runner is self.target:
-                first, _ = self._sample(logits)
-        for r, t in zip(reqs, first.tolist(), strict=True):
+                return self._forward(runner, fb, lambda: request_states(reqs, [0] * n, lens, lens), last)
+
+        first, _ = self._sample(extend(self.target, ids))
+        self.root_tok[rpi] = first
+        if self.spec:
+            shifted = torch.roll(ids, -1)  # the draft reads token p+1 at position p: prompt[1:] + the first token
+            shifted[last] = first
+            self._keep_first_drafts(rpi, extend(self.draft, shifted))
+        for r, t in zip(reqs, self._read(first), strict=True):  # the scheduler needs the first tokens (stops)
             r.seq_len = len(r.prompt)
             r.commit([t], self.iteration)
 
     # ---- plain decode --------------------------------------------------------------------------------
     def _decode_iteration(self, reqs: list[Request]) -> None:
         bs = len(reqs)
+        pending = PageWrites()
         for r in reqs:
-            r.kv.ensure(r.seq_len + 1, self.pages, self.r2t)
+            r.kv.ensure(r.seq_len + 1, self.pages, self.r2t, pending)
         s = [r.seq_len for r in reqs]
-        self.seq_lens_buf[:bs].copy_(torch.tensor([x + 1 for x in s], dtype=torch.int32))
-        ids = torch.tensor([r.root for r in reqs], dtype=torch.int64, device=self.device)
-        fb = self._batch(self.target, ForwardMode.DECODE, reqs, input_ids=ids, positions=s,
-                         seq_lens=self.seq_lens_buf[:bs], seq_lens_cpu=[x + 1 for x in s], q_lens=[1] * bs)
+        rpi, s_dev, *pw = self.inputs.upload([[r.slot for r in reqs], s, *pending.parts()])
+        PageWrites.apply(self.r2t, self.cfg.page_size, *pw)
+        self.seq_lens_buf[:bs].copy_(s_dev + 1)
+        fb = self._batch(self.target, ForwardMode.DECODE, bs, rpi=rpi, rows=rpi, input_ids=self.root_tok[rpi],
+                         positions=s_dev, seq_lens=self.seq_lens_buf[:bs], seq_lens_cpu=[x + 1 for x in s],
+                         q_lens=[1] * bs)
         with nvtx("decode", self.nvtx):
             logits = self._forward(self.target, fb, lambda: request_states(reqs, s, [x + 1 for x in s], [1] * bs))
         nxt, _ = self._sample(logits)
-        for r, t in zip(reqs, nxt.tolist(), strict=True):
+        self.root_tok[rpi] = nxt
+        for r, t in zip(reqs, self._read(nxt), strict=True):
             r.seq_len += 1
             r.commit([t], self.iteration)
 
     # ---- speculative iteration -----------------------------------------------------------------------
     def _spec_iteration(self, reqs: list[Request]) -> None:
-        bs, T, dev, faults = len(reqs), self.T, self.device, self.cfg.faults
+        bs, T, N, dev, faults = len(reqs), self.T, self.num_drafts, self.device, self.cfg.faults
         s = [r.seq_len for r in reqs]
         streams, recorder = self.streams, self.recorder
         plan_on = streams.plan_enabled
         no_wait = plan_on and "no-plan-wait" in faults
         rec_v, graph_v = self.target.begin_for(ForwardMode.TARGET_VERIFY, None, bs, T, self.iteration, self.K)
-        rec_e, _ = self.draft.begin_for(ForwardMode.DRAFT_EXTEND, None, bs, T, self.iteration, self.K)
+        rec_e, graph_e = self.draft.begin_for(ForwardMode.DRAFT_EXTEND, None, bs, T, self.iteration, self.K)
         prepared: dict[str, Any] = {}
         where = "plan" if plan_on else "compute"
 
@@ -253,7 +310,7 @@ class Engine:
             if which in prepared:
                 return
             rec, runner, fb, graph = ((rec_v, self.target, fb_v, graph_v) if which == "verify"
-                                      else (rec_e, self.draft, fb_e, None))
+                                      else (rec_e, self.draft, fb_e, graph_e))
             with streams.on_plan() as stream, nvtx(f"plan: {which} metadata", self.nvtx):
                 with self._span(rec, where, "metadata", stream):
                     prepared[which] = runner.prepare(fb, graph, rec)
@@ -261,16 +318,20 @@ class Engine:
         # Producers of what the verify / draft-extend metadata reads (compute stream): KV pages and req_to_token
         # rows for the verify window, then seq_lens. Timed as the span "producers" of both steps.
         with self._span([rec_v, rec_e], "compute", "producers", streams.compute):
+            pending = PageWrites()
             for r in reqs:
-                r.kv.ensure(r.seq_len + T, self.pages, self.r2t)
+                r.kv.ensure(r.seq_len + T, self.pages, self.r2t, pending)
+            rpi, s_dev, *pw = self.inputs.upload([[r.slot for r in reqs], s, *pending.parts()])
+            PageWrites.apply(self.r2t, self.cfg.page_size, *pw)
+            rows_t = rpi[:, None].expand(bs, T).reshape(-1)  # repeat_interleave may read its output size back
+            verify_pos = (s_dev[:, None] + self._arange[None, :T]).reshape(-1)
             verify_ids = torch.zeros(bs * T, dtype=torch.int64, device=dev)
-            verify_pos = [x + t for x in s for t in range(T)]
-            fb_v = self._batch(self.target, ForwardMode.TARGET_VERIFY, reqs, input_ids=verify_ids,
+            fb_v = self._batch(self.target, ForwardMode.TARGET_VERIFY, bs, rpi=rpi, rows=rows_t, input_ids=verify_ids,
                                positions=verify_pos, seq_lens=self.seq_lens_buf[:bs], seq_lens_cpu=s, q_lens=[T] * bs)
-            ext_seq = torch.tensor([x + T for x in s], dtype=torch.int32, device=dev)
             ext_ids = torch.zeros(bs * T, dtype=torch.int64, device=dev)
-            fb_e = self._batch(self.draft, ForwardMode.DRAFT_EXTEND, reqs, input_ids=ext_ids, positions=verify_pos,
-                               seq_lens=ext_seq, seq_lens_cpu=[x + T for x in s], q_lens=[T] * bs)
+            fb_e = self._batch(self.draft, ForwardMode.DRAFT_EXTEND, bs, rpi=rpi, rows=rows_t, input_ids=ext_ids,
+                               positions=verify_pos, seq_lens=(s_dev + T).to(torch.int32),
+                               seq_lens_cpu=[x + T for x in s], q_lens=[T] * bs)
             if no_wait and dev.type == "cpu":
                 # CPU rendering of the race: the unordered plan stream runs before the producer's seq_lens write
                 # lands, so its metadata reads last iteration's seq_lens (and its spans start inside "producers").
@@ -278,20 +339,22 @@ class Engine:
                 plan("extend")
             elif no_wait:
                 torch.cuda._sleep(10_000_000)  # make the missing edge bite: delay the producer on the GPU
-            self.seq_lens_buf[:bs].copy_(torch.tensor(s, dtype=torch.int32).to(dev, non_blocking=True))
+            self.seq_lens_buf[:bs].copy_(s_dev)
         producers = streams.record_event(streams.compute)
         if no_wait:
             recorder.fired([rec_v, rec_e], ["no-plan-wait"])
         elif streams.plan_wait(producers):
             recorder.wait([rec_v, rec_e], "plan", "compute", "producers")
 
-        # Draft decode: N steps, chain (topk=1), each through its own backend / graph.
-        drafts: list[torch.Tensor] = []
-        draft_probs: list[torch.Tensor] = []
-        tok = torch.tensor([r.root for r in reqs], dtype=torch.int64, device=dev)
+        # Draft decode: N-1 steps (chain, topk=1), each through its own backend / graph; draft 1 came from the
+        # draft extend (or prefill) before.
+        tok = self.first_draft[rpi]
+        drafts = [tok]
+        draft_probs = [self.first_draft_probs[rpi]] if self.first_draft_probs is not None else []
         for i in range(self.num_draft_steps):
-            fb = self._batch(self.draft, ForwardMode.DRAFT_DECODE, reqs, input_ids=tok, positions=[x + i for x in s],
-                             seq_lens=self.seq_lens_buf[:bs], seq_lens_cpu=s, q_lens=[1] * bs, step_id=i)
+            fb = self._batch(self.draft, ForwardMode.DRAFT_DECODE, bs, rpi=rpi, rows=rpi, input_ids=tok,
+                             positions=s_dev + i, seq_lens=self.seq_lens_buf[:bs], seq_lens_cpu=s, q_lens=[1] * bs,
+                             step_id=i)
             with nvtx(f"draft step {i}", self.nvtx):
                 logits = self._forward(self.draft, fb, lambda: request_states(reqs, s, s, [1] * bs))
             if plan_on and i == 0:
@@ -316,25 +379,38 @@ class Engine:
                 recorder.error(rec_v, "update_verify_buffers_to_fill_after_draft", e)
                 if "missing-fixup-hook" in faults:
                     recorder.fired(rec_v, ["missing-fixup-hook"])
-        draft_mat = torch.stack(drafts, 1) if drafts else torch.zeros(bs, 0, dtype=torch.int64, device=dev)
-        root = torch.tensor([r.root for r in reqs], dtype=torch.int64, device=dev)
-        verify_ids.copy_(torch.cat([root[:, None], draft_mat], 1).view(-1))
+        draft_mat = torch.stack(drafts, 1)  # int64 [bs, N]
+        verify_ids.copy_(torch.cat([self.root_tok[rpi][:, None], draft_mat], 1).view(-1))
         with nvtx("verify", self.nvtx), self._span(rec_v, "compute", "forward", streams.compute):
             logits_v = self.target.execute(pv, rec_v)
         # Draft-extend metadata needs only S + T, so it is planned under the verify forward.
         plan("extend")
         pe = prepared["extend"]
 
-        # Accept (the one host sync per iteration: the scheduler needs the tokens).
-        d_host = draft_mat.tolist()
+        # Accept on the device: committed [bs, T] holds the verified tokens (valid up to accept_len), whose last
+        # valid entry is the next root.
         if self.cfg.temperature <= 0:
-            predict = logits_v.argmax(-1).view(bs, T).tolist()
-            accepted = [greedy_accept(d_host[b], predict[b]) for b in range(bs)]
+            committed, accept_len = greedy_accept_device(draft_mat, logits_v.argmax(-1).view(bs, T))
         else:
-            p_t = torch.softmax(logits_v.float() / self.cfg.temperature, -1).view(bs, T, -1).cpu()
-            q_d = torch.stack(draft_probs, 1).cpu()
-            accepted = [rejection_accept(d_host[b], q_d[b], p_t[b], self.gen) for b in range(bs)]
-            predict = [(acc + acc[-1:] * T)[:T] for acc in accepted]
+            p_t = torch.softmax(logits_v.float() / self.cfg.temperature, -1).view(bs, T, -1)
+            committed, accept_len = rejection_accept_device(draft_mat, torch.stack(draft_probs, 1), p_t, self.gen)
+        rows_b = self._arange[:bs]
+        self.root_tok[rpi] = committed[rows_b, accept_len - 1]
+
+        # Draft extend over the verified tokens (the draft reads token p+1 at position p): refills the draft KV of
+        # the window; its logits at the last accepted position give each request's next first draft token.
+        ext_ids.copy_(committed.reshape(-1))
+        if streams.compute_wait_plan():
+            recorder.wait(rec_e, "compute", "plan", "metadata")
+        with nvtx("draft extend", self.nvtx), self._span(rec_e, "compute", "forward", streams.compute):
+            logits_e = self.draft.execute(pe, rec_e, rows_b * T + accept_len - 1)
+        self._keep_first_drafts(rpi, logits_e)
+
+        # The one sync of the iteration: the scheduler needs the accepted tokens (and the trace the drafts).
+        host = self._read(torch.cat([draft_mat.reshape(-1), committed.reshape(-1), accept_len]))
+        d_host = [host[b * N:(b + 1) * N] for b in range(bs)]
+        c0, a0 = bs * N, bs * N + bs * T
+        accepted = [host[c0 + b * T: c0 + b * T + host[a0 + b]] for b in range(bs)]
         for r, acc in zip(reqs, accepted, strict=True):
             r.commit(acc, self.iteration)
         s_after = [x + len(a) for x, a in zip(s, accepted, strict=True)]
@@ -346,14 +422,6 @@ class Engine:
             self.stats.accepted_total += len(acc)
             for j in range(len(acc) - 1):
                 self.stats.accepted_by_position[j] += 1
-
-        # Draft extend over [root, predict[0..T-2]]: refills draft KV for the window with target tokens.
-        ext_ids.copy_(torch.cat([root[:, None], torch.tensor([p[:T - 1] for p in predict], dtype=torch.int64,
-                                                             device=dev)], 1).view(-1))
-        if streams.compute_wait_plan():
-            recorder.wait(rec_e, "compute", "plan", "metadata")
-        with nvtx("draft extend", self.nvtx), self._span(rec_e, "compute", "forward", streams.compute):
-            self.draft.execute(pe, rec_e, torch.arange(T - 1, bs * T, T, device=dev))
         if rec_e is not None:
             rec_e.requests = request_states(reqs, s, [x + T for x in s], [T] * bs)
             self.recorder.end_step(rec_e)

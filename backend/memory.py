@@ -84,6 +84,37 @@ class KVPool:
         buf[page, 1, :, off] = v.to(self.dtype)
 
 
+class PageWrites:
+    """New pages of a batch, queued as (request slot, logical page, physical page) and written into req_to_token
+    by one device scatter: the host sends three small int lists instead of one pageable copy per request."""
+
+    def __init__(self) -> None:
+        self.slots: list[int] = []
+        self.logical: list[int] = []
+        self.physical: list[int] = []
+
+    def add(self, slot: int, first_logical: int, pages: list[int]) -> None:
+        """Queue `pages` as logical pages first_logical, first_logical + 1, ... of request slot `slot`."""
+        self.slots += [slot] * len(pages)
+        self.logical += range(first_logical, first_logical + len(pages))
+        self.physical += pages
+
+    def parts(self) -> list[list[int]]:
+        """The three lists to upload (HostInputs.upload), in the order `apply` takes them."""
+        return [self.slots, self.logical, self.physical]
+
+    @staticmethod
+    def apply(r2t: ReqToTokenPool, page_size: int, slots: torch.Tensor, logical: torch.Tensor,
+              physical: torch.Tensor) -> None:
+        """req_to_token[slot, logical*P + o] = physical*P + o for o < P; int64 `[n]` device tensors, no sync."""
+        if slots.numel() == 0:
+            return
+        offs = torch.arange(page_size, device=slots.device)
+        cols = logical[:, None] * page_size + offs[None, :]
+        vals = (physical[:, None] * page_size + offs[None, :]).to(r2t.req_to_token.dtype)
+        r2t.req_to_token[slots[:, None].expand_as(cols), cols] = vals
+
+
 class RequestKV:
     """The pages one request owns, and the req_to_token row that maps its positions onto them."""
 
@@ -91,8 +122,10 @@ class RequestKV:
         self.slot = slot
         self.pages: list[int] = []
 
-    def ensure(self, length: int, alloc: PageAllocator, r2t: ReqToTokenPool) -> None:
-        """Own enough pages for positions [0, length) and write their slot ids into req_to_token."""
+    def ensure(self, length: int, alloc: PageAllocator, r2t: ReqToTokenPool,
+               pending: PageWrites | None = None) -> None:
+        """Own enough pages for positions [0, length) and write their slot ids into req_to_token (or queue the
+        writes on `pending`, which sends a whole batch's new pages in one copy)."""
         if length > r2t.max_context_len:
             raise RuntimeError(f"sequence length {length} exceeds the context length {r2t.max_context_len}")
         p = alloc.page_size
@@ -102,6 +135,9 @@ class RequestKV:
         new = alloc.alloc(need)
         first = len(self.pages)
         self.pages.extend(new)
+        if pending is not None:
+            pending.add(self.slot, first, new)
+            return
         row = r2t.req_to_token[self.slot]
         slots = (torch.tensor(new, dtype=torch.int32).repeat_interleave(p) * p
                  + torch.arange(p, dtype=torch.int32).repeat(len(new)))

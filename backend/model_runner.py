@@ -88,7 +88,8 @@ class ModelRunner:
                 pack=(lambda fb, be=backend: self.pack_snapshot(be, fb)) if self.recorder.enabled else None,
                 ladder=ladder)
             self.runners[(mode, step_id)] = runner
-            for bs in runner.ladder:
+            # Largest batch first, as SGLang captures: smaller graphs reuse the memory pool the largest allocated.
+            for bs in reversed(runner.ladder):
                 rec = self.recorder.begin_step(
                     iteration=-1, mode=mode, model=self.name, step_id=step_id, batch_size=bs,
                     padded_batch_size=bs, graph=GraphPhase.CAPTURE, tokens_per_request=tpr,
@@ -150,8 +151,9 @@ class ModelRunner:
 
     def execute(self, prep: Prepared, rec: StepRecord | None,
                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the forward (compute stream); returns float32 logits `[live num_tokens, vocab]` (eager steps:
-        only the rows in `logits_indices`, when given; an 8B vocab over a whole prefill would not fit)."""
+        """Run the forward (compute stream); returns float32 logits `[live num_tokens, vocab]`, or only the rows in
+        `logits_indices` int64 `[n]` when given (eager steps compute only those: an 8B vocab over a whole prefill
+        would not fit)."""
         if rec is not None:
             self.recorder.assign_index(rec)  # numbered at launch, so --record-attention N can sample by index
         if prep.runner is not None:
@@ -161,7 +163,7 @@ class ModelRunner:
             if rec is not None:
                 self.record_snapshot(rec, prep.backend, prep.fb, packed)
                 self.record_attention(rec, prep, replayed=self.device.type == "cuda")
-            return logits
+            return logits if logits_indices is None else logits[logits_indices]
         with self._record_failure(rec, prep.backend, prep.fb):
             logits = self.model.forward(prep.fb.input_ids, prep.fb.positions, prep.fb,
                                         logits_indices=logits_indices)
@@ -188,9 +190,13 @@ class ModelRunner:
         ids = torch.unique(torch.cat([md.page_table[:bs, :width].reshape(-1), (starts // p).reshape(-1)]))
         kv = be.kv_pool.kv_buffer[0][ids.long()]
         snap = self.recorder.snapshot_float
-        snap(rec, "attn_q", q)
-        snap(rec, "attn_out", out)
-        snap(rec, "attn_kv", kv)
+        # At the tensors' own width (a bf16 pool as its raw 16-bit patterns, half the bytes of float32), with the
+        # dtype named in attn_dtype; the torch-free decoder widens exactly (tracer/export/attention_call.py).
+        bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float64: torch.int64}
+        for name, t in (("attn_q", q), ("attn_out", out), ("attn_kv", kv)):
+            snap(rec, name, t.view(bits[t.dtype]) if t.dtype in bits else t)
+        dtype_name = str(kv.dtype).removeprefix("torch.")
+        snap(rec, "attn_dtype", torch.tensor(list(dtype_name.encode("ascii")), dtype=torch.uint8))
         snap(rec, "attn_page_ids", ids.to(torch.int32))
         snap(rec, "attn_scaling", torch.tensor([self.model.attention_layers[0].scaling], dtype=torch.float32))
         # The kernel's arguments as forward_decode / forward_extend pass them for this mode, so `replay` and the

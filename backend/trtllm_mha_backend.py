@@ -121,9 +121,12 @@ class TRTLLMHABackend(AttentionBackend):
             md.cache_seqlens_int32 = seq_lens.to(torch.int32)
             md.max_seq_len_k = s_max
             md.max_seq_len_q = max(ext) if ext else 1
-            cu_q = torch.zeros(bs + 1, dtype=torch.int32)
-            cu_q[1:] = torch.cumsum(torch.tensor(ext, dtype=torch.int32), 0)
-            md.cu_seqlens_q = cu_q.to(dev)
+            if ext and min(ext) == max(ext):  # draft extend (T per row): built on the device, no host copy
+                md.cu_seqlens_q = torch.arange(0, bs * ext[0] + 1, ext[0], dtype=torch.int32, device=dev)
+            else:
+                cu_q = torch.zeros(bs + 1, dtype=torch.int32)
+                cu_q[1:] = torch.cumsum(torch.tensor(ext, dtype=torch.int32), 0)
+                md.cu_seqlens_q = cu_q.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else cu_q
         else:
             raise ValueError(f"unsupported forward mode {mode}")
         md.cu_seqlens_k = _prefix_sum(md.cache_seqlens_int32)
