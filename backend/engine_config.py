@@ -122,8 +122,11 @@ class EngineConfig:
                                        and self.verify_tokens != self.spec_steps + 1,
                                        "CUDA graphs, --spec-steps > 0 and --verify-tokens different from "
                                        "--spec-steps + 1 (T != K)"),
-            "zero-cache-seqlens-at-capture": (self.cuda_graph and self.spec_steps > 0,
-                                              "CUDA graphs and --spec-steps > 0"),
+            "zero-cache-seqlens-at-capture": (self.cuda_graph and self.spec_steps > 0 and self.verify_tokens >= 3,
+                                              "CUDA graphs and at least one draft-decode step (--spec-steps >= 2: "
+                                              "the first draft comes from draft extend)"),
+            "draft-extend-capture-q-len": (self.cuda_graph and self.spec_steps > 0,
+                                           "CUDA graphs and --spec-steps > 0"),
             "stale-page-table": (self.cuda_graph, "CUDA graphs"),
             "padded-row-seqlen": (self.cuda_graph, "CUDA graphs"),
             "no-plan-wait": (self.plan_stream and self.spec_steps > 0, "--plan-stream and --spec-steps > 0"),

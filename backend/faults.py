@@ -24,6 +24,9 @@ FAULTS: tuple[Fault, ...] = (
           "bites when the runner's tokens per request T differ from K (use --verify-tokens)", "I6"),
     Fault("zero-cache-seqlens-at-capture",
           "draft-decode capture binds cache_seqlens without copying seq_lens into it (PR #26521, G1)", "I17"),
+    Fault("draft-extend-capture-q-len",
+          "draft-extend graph capture freezes max_seq_len_q = 1 (SGLang's v1 draft extend took it from the accept "
+          "counts, 1 at capture; TMB L622-627, G5): the context kernel runs T query tokens per row as one", "I8"),
     Fault("stale-page-table",
           "page table not refreshed before a graph replay: the kernel reads last batch's pages (G3)", "I19"),
     Fault("padded-row-seqlen",
@@ -46,6 +49,7 @@ FAULT_NAMES = tuple(f.name for f in FAULTS)
 FAULT_SETTINGS: dict[str, dict[str, object]] = {
     "max-seq-len-q-override": {"spec_steps": 3, "verify_tokens": 2},
     "zero-cache-seqlens-at-capture": {},
+    "draft-extend-capture-q-len": {},
     "stale-page-table": {"page_size": 16},
     "padded-row-seqlen": {"batch_size": 6, "num_requests": 10},
     "no-plan-wait": {"plan_stream": True},
@@ -59,6 +63,7 @@ FAULT_HINTS: dict[str, tuple[str, str]] = {
                                "the backend's K", "--verify-tokens 2 --spec-steps 3 with CUDA graphs"),
     "zero-cache-seqlens-at-capture": ("it acts at draft-decode graph capture only",
                                       "--cuda-graph and --spec-steps >= 2"),
+    "draft-extend-capture-q-len": ("it acts at draft-extend graph capture only", "--cuda-graph and --spec-steps >= 1"),
     "stale-page-table": ("it acts on graph replays that read at least one page-table column",
                          "--cuda-graph and enough new tokens for requests to cross pages (--page-size 16)"),
     "padded-row-seqlen": ("it acts only on replays with padded rows (live batch smaller than the captured size)",

@@ -233,6 +233,9 @@ class TRTLLMHABackend(AttentionBackend):
         md = self._build_cuda_graph_metadata(bs, num_tokens, fb.forward_mode)
         self._apply_cuda_graph_metadata(md, bs, fb, in_capture=True)
         md.captured_max_seq_len_q = md.max_seq_len_q
+        if fb.forward_mode == ForwardMode.DRAFT_EXTEND and "draft-extend-capture-q-len" in self.faults:
+            md.captured_max_seq_len_q = 1  # v1 took max_seq_len_q from the accept counts: 1 at capture (G5)
+            self._fire("draft-extend-capture-q-len")
         self.forward_metadata = md
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
