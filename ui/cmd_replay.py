@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from specscope.tracer.errors import TraceIndexError
     from specscope.tracer.export.attention_call import NoRecordedCall, recorded_call
     from specscope.tracer.export.bundle import open_trace_or_bundle
+    from specscope.tracer.export.kv_delta import KV_ARRAYS
     from specscope.tracer.store import TraceReader
 
     if not (args.device == "cpu" or args.device == "cuda" or args.device.startswith("cuda:")):
@@ -48,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
             known = [s.index for s in reader.iter_summaries()]
             span = f"steps {known[0]}..{known[-1]}" if known else "no steps"
             return _fail(f"{args.trace}: has no step {args.step} ({span}, {len(known)} in all)")
-        try:
-            call = recorded_call(step)
+        try:  # a bundle's delta-coded KV pages resolve through the earlier calls of this reader
+            call = recorded_call(step, fetch=lambda j: reader.step(j, arrays=KV_ARRAYS))
         except NoRecordedCall as e:
             return _fail(f"{args.trace}: {e}")
         run_info = reader.run

@@ -6,14 +6,17 @@ import json
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from specscope.tracer.checks import check_steps
 from specscope.tracer.errors import TraceError
+from specscope.tracer.export.attention_call import recorded_call
 from specscope.tracer.export.bundle import bundle_steps, environment, open_trace_or_bundle
-from specscope.tracer.schema import ForwardMode
+from specscope.tracer.export.kv_delta import KV_ARRAYS, stored_kv
+from specscope.tracer.schema import ArraySnapshot, ForwardMode, Step
 from specscope.tracer.store import TraceReader
 from specscope.ui.cli import main
-from test_export_common import FAULT, recorded
+from test_export_common import BF16, FAULT, recorded
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,10 +26,19 @@ def fault(tmp_path_factory: pytest.TempPathFactory) -> str:
     return recorded(tmp_path_factory, "fault", FAULT)
 
 
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return recorded(tmp_path_factory, "bf16", BF16)
+
+
 def verify_steps(path: str) -> list[int]:
     with TraceReader(path) as r:
         return [s.index for s in r.iter_summaries()
                 if s.mode == ForwardMode.TARGET_VERIFY and s.graph.value == "replay"]
+
+
+def without_kv(step: Step) -> tuple[ArraySnapshot, ...]:
+    return tuple(a for a in step.arrays if a.name not in KV_ARRAYS or a.name == "attn_page_ids")
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str], *expect: str) -> None:
@@ -70,7 +82,9 @@ def test_bundle_round_trip(fault: str, tmp_path: Path, capsys: pytest.CaptureFix
                 a_, b_ = r.step(i), orig.step(o)
                 assert (a_.mode, a_.graph, a_.batch_size, a_.requests) == (b_.mode, b_.graph, b_.batch_size,
                                                                             b_.requests)
-                assert a_.arrays == b_.arrays
+                assert without_kv(a_) == without_kv(b_)  # the KV pages travel delta-coded (test below)
+                if b_.array("attn_kv") is not None:
+                    assert stored_kv(a_).tobytes() == b_.array("attn_kv").values.tobytes()
         found = list(check_steps(r.steps()))
         assert r.run.command == command
     assert [x["check_id"] for x in check["bundle_check"]] == [x.check_id for x in found]
@@ -178,3 +192,107 @@ def test_committed_sample_exports_open(capsys: pytest.CaptureFixture[str]) -> No
     verify = folder / "cpu-fault-max-seq-len-q-override-verify.zip"
     assert main(["replay", str(verify), "--step", "1"]) == 1
     assert "kernel-vs-truth" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("which", ["fault", "bf16"])
+def test_bundled_kv_is_delta_coded_and_lossless(which: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Every bundled call's KV pages come back byte for byte; later calls store only the rows that changed."""
+    from specscope.tracer.export import kv_delta
+
+    src = request.getfixturevalue(which)
+    out = tmp_path / "all.zip"
+    assert main(["export", src, "--bundle", str(out)]) == 0
+    with zipfile.ZipFile(out) as z:
+        manifest = json.loads(z.read("bundle.json"))
+    assert manifest["kv_stored_bytes"] < manifest["kv_full_bytes"] / 3
+    for order in ("forward", "backward"):  # backward: every call resolves its chain from the bundle, cold
+        kv_delta._cache.clear()
+        deltas = 0
+        with TraceReader(out) as b, TraceReader(src) as orig:
+            pairs = list(enumerate(manifest["original_steps"]))
+            for new, old in pairs if order == "forward" else pairs[::-1]:
+                st, want = b.step(new), orig.step(old).array("attn_kv")
+                if want is None:
+                    assert st.array("attn_q") is None
+                    continue
+                deltas += st.array("attn_kv") is None
+                got = stored_kv(st)  # no fetch: the cache, or the bundle this reader extracted
+                assert got.dtype == want.values.dtype and got.shape == want.values.shape
+                assert got.tobytes() == want.values.tobytes(), (order, new)
+                assert recorded_call(st).kv.tobytes() == recorded_call(orig.step(old)).kv.tobytes()
+        assert deltas and deltas == len(manifest["attention_steps"]) - len(manifest["kv_keyframes"])
+    assert len(manifest["kv_keyframes"]) == 2  # the first call of the target and of the draft
+
+
+def test_delta_coded_bundle_checks_and_replays_from_anywhere(fault: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """`check` reads the chain in order; `replay` of the last call and a cold random read resolve it; an extracted
+    trace.db read out of order says to open the zip (one sentence, never wrong bytes)."""
+    from specscope.tracer.export import kv_delta
+
+    out = tmp_path / "all.zip"
+    assert main(["export", fault, "--bundle", str(out)]) == 0
+    capsys.readouterr()
+    with zipfile.ZipFile(out) as z:
+        manifest = json.loads(z.read("bundle.json"))
+        check = json.loads(z.read("check.json"))
+        z.extract("trace.db", tmp_path)
+    last = manifest["attention_steps"][-1]
+    kv_delta._cache.clear()
+    code = main(["replay", str(out), "--step", str(last), "--json"])
+    res = json.loads(capsys.readouterr().out)
+    with TraceReader(fault) as r:
+        from specscope.backend.replay import replay
+
+        want = replay(recorded_call(r.step(manifest["original_steps"][last])), "cpu", "reference", "float32")
+    assert code == (0 if want.agrees else 1) and res["worst"]["kernel-vs-truth"] == want.worst("kernel-vs-truth")
+    kv_delta._cache.clear()
+    kv_delta._sources.clear()  # as in a fresh process that never opened the zip
+    loose = str(tmp_path / "trace.db")
+    with TraceReader(loose) as r:
+        with pytest.raises(recorded_call_error(), match="open the bundle .zip"):
+            recorded_call(r.step(last))
+        kv_delta._cache.clear()
+        found = list(check_steps(r.steps()))  # in order: each call chains onto the one before
+    assert [(x.check_id, x.step) for x in found] == [(x["check_id"], x["step"]) for x in check["bundle_check"]]
+    assert any(x.check_id == "D2" for x in found) and not any(x.check_id == "I2" for x in found)
+    assert main(["check", str(out)]) == 1
+    assert "D2" in capsys.readouterr().out
+
+
+def recorded_call_error() -> type[Exception]:
+    from specscope.tracer.export.attention_call import NoRecordedCall
+
+    return NoRecordedCall
+
+
+def test_delta_codec_keeps_every_byte() -> None:
+    """Pages that move, appear, vanish or hold NaN / -0.0 / denormals come back bit for bit."""
+    from specscope.tracer.export import kv_delta
+
+    rng = np.random.default_rng(0)
+    shape = (5, 2, 2, 8, 4)  # U, K/V, Hkv, page size, D
+    a = rng.standard_normal(shape).astype(np.float32)
+    a[1, 0, 0, 3, 0] = np.nan
+    a[2, 1, 1, 7, 3] = -0.0
+    a[3, 0, 1, 0, 1] = np.float32(1e-45)
+    ids_a = np.array([7, 3, 9, 1, 4])
+    pages = kv_delta.advance({}, ids_a, a)
+    # The next call: page 9 gone, pages reordered, page 12 new, one row of page 3 rewritten, a NaN turned to -NaN.
+    ids_b = np.array([3, 1, 12, 7, 4])
+    b = a[[1, 3, 0, 0, 4]].copy()
+    b[2] = 0
+    b[2, :, :, :2] = rng.standard_normal((2, 2, 2, 4))
+    b[0, :, :, 5] = rng.standard_normal((2, 2, 4))
+    b[0, 0, 0, 3, 0] = -np.float32(np.nan)
+    rows, delta = kv_delta.encode(ids_b, b, pages)
+    assert sorted(rows.tolist()) == [0 * 8 + 3, 0 * 8 + 5, 2 * 8 + 0, 2 * 8 + 1]  # slot * P + token row
+    back = kv_delta.decode(ids_b, b.shape, rows, delta, pages)
+    assert back.tobytes() == b.tobytes()
+    bits = b.view(np.int32).astype(np.int16)  # raw 16-bit patterns (a bf16 pool) go the same way
+    pages16 = kv_delta.advance({}, ids_a, a.view(np.int32).astype(np.int16))
+    rows16, delta16 = kv_delta.encode(ids_b, bits, pages16)
+    assert kv_delta.decode(ids_b, bits.shape, rows16, delta16, pages16).tobytes() == bits.tobytes()
+    assert kv_delta.encode(ids_b, b, None) is None  # the first call of a model stays full
+    with pytest.raises(kv_delta.DeltaError, match="points past"):
+        kv_delta.decode(ids_b, b.shape, np.array([99], np.int32), delta[:1], pages)

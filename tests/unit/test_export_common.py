@@ -13,6 +13,7 @@ import pytest
 COMMON = ["--device", "cpu", "--requests", "3", "--batch-size", "2", "--max-new-tokens", "6", "--verify-tokens", "2",
           "--record-attention", "1", "--plan-stream", "--quiet"]  # plan stream: the traces carry wait edges
 FAULT = ["--inject", "max-seq-len-q-override"]
+BF16 = ["--dtype", "bfloat16", "--verify-tokens", "3"]  # a bf16 pool as on a GPU; T = 3 runs a draft decode
 
 
 def recorded(tmp_path_factory: pytest.TempPathFactory, name: str, extra: list[str]) -> str:

@@ -7,12 +7,15 @@ import json
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from specscope.tracer.export.attention_call import recorded_call
 from specscope.tracer.schema import ForwardMode
 from specscope.tracer.store import TraceReader
 from specscope.ui.cli import main
-from test_export_common import FAULT, recorded
+from test_export_common import BF16, FAULT, recorded
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +26,14 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def fault(tmp_path_factory: pytest.TempPathFactory) -> str:
     return recorded(tmp_path_factory, "fault", FAULT)
+
+
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # A bf16 pool, as on a GPU; T = 3 so the run has draft decodes (the first draft comes from draft extend).
+    return recorded(tmp_path_factory, "bf16", BF16)
+
+
 
 
 def first_step(path: str, mode: ForwardMode, min_bs: int = 1) -> int:
@@ -40,9 +51,13 @@ def one_error_line(capsys: pytest.CaptureFixture[str], *expect: str) -> None:
         assert e in err[0], (e, err[0])
 
 
-@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY,
-                                  ForwardMode.DRAFT_EXTEND])
-def test_clean_step_agrees(clean: str, mode: ForwardMode, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("which", "mode"), [
+    ("clean", ForwardMode.EXTEND), ("clean", ForwardMode.TARGET_VERIFY), ("clean", ForwardMode.DRAFT_EXTEND),
+    ("bf16", ForwardMode.EXTEND), ("bf16", ForwardMode.DRAFT_DECODE), ("bf16", ForwardMode.TARGET_VERIFY),
+    ("bf16", ForwardMode.DRAFT_EXTEND)])  # T = 2 (the clean trace) has no draft decode: drafts come from extend
+def test_clean_step_agrees(which: str, mode: ForwardMode, request: pytest.FixtureRequest,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    clean = request.getfixturevalue(which)
     i = first_step(clean, mode)
     assert main(["replay", clean, "--step", str(i), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
@@ -144,3 +159,51 @@ def test_gpu_replay_of_each_mode_agrees(tmp_path: Path, capsys: pytest.CaptureFi
         assert main(["replay", str(out), "--step", str(i), "--device", "cuda", "--json"]) == 0, mode
         res = json.loads(capsys.readouterr().out)
         assert res["kernel"] != "reference" and res["worst"]["kernel-vs-reference"] < res["tol"]
+
+
+def test_bf16_calls_are_recorded_at_their_width_and_widen_exactly(bf16: str, clean: str) -> None:
+    """A bf16 pool's q / out / KV are stored as their 16-bit patterns (half of float32) and decode bit-exactly."""
+    from specscope.tracer.checks import check_steps
+
+    with TraceReader(bf16) as r:
+        steps = [r.step(s.index) for s in r.iter_summaries()]
+    calls = [s for s in steps if s.array("attn_q") is not None]
+    assert calls
+    for s in calls:
+        call = recorded_call(s)
+        assert call.recorded_dtype == "bfloat16"
+        for name, got in (("attn_q", call.q), ("attn_out", call.out), ("attn_kv", call.kv)):
+            bits = s.array(name).values
+            assert bits.dtype == np.int16, name
+            assert got.dtype == np.float32 and got.size == bits.size
+            back = got.reshape(-1).view(np.uint32)
+            assert not (back & 0xFFFF).any()  # a widened bf16: the low half of every float32 is zero
+            assert np.array_equal((back >> 16).astype(np.uint16), bits.reshape(-1).view(np.uint16)), name
+    assert not [v for v in check_steps(steps) if v.check_id in ("D1", "D2")]  # the differential check reads them
+    with TraceReader(clean) as r:  # the float32 pool keeps float32 (and says so)
+        s = next(r.step(x.index) for x in r.iter_summaries() if r.step(x.index, arrays=("attn_q",)).arrays)
+    assert recorded_call(s).recorded_dtype == "float32" and s.array("attn_kv").values.dtype == np.float32
+
+
+def test_trace_recorded_before_the_dtype_tag_still_replays(capsys: pytest.CaptureFixture[str]) -> None:
+    """Older traces hold float32 attn_* and no attn_dtype: they decode as float32 and replay."""
+    old = str(REPO / "samples" / "traces" / "cpu-plan-stream-attention.db")
+    with TraceReader(old) as r:
+        i = next(s.index for s in r.iter_summaries() if s.mode == ForwardMode.TARGET_VERIFY
+                 and r.step(s.index, arrays=("attn_q",)).arrays)
+        step = r.step(i)
+    assert step.array("attn_dtype") is None and step.array("attn_kv").values.dtype == np.float32
+    assert recorded_call(step).recorded_dtype == "float32"
+    assert main(["replay", old, "--step", str(i)]) == 0
+    assert "agree within" in capsys.readouterr().out
+
+
+def test_widen_refuses_what_it_cannot_read() -> None:
+    from specscope.tracer.export.attention_call import NoRecordedCall, widen
+
+    with pytest.raises(NoRecordedCall, match="float8"):
+        widen(np.zeros(3, np.int8), "float8_e4m3fn")
+    with pytest.raises(NoRecordedCall, match="tagged bfloat16"):
+        widen(np.zeros(3, np.float32), "bfloat16")
+    assert widen(np.array([0x3F80, -0x4080], np.int16), "bfloat16").tolist() == [1.0, -1.0]
+    assert widen(np.array([0x3C00], np.int16), "float16").tolist() == [1.0]

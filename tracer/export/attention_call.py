@@ -8,21 +8,35 @@ arguments `attn_call` (int64, fields `CALL_FIELDS`) and, for a masked verify cal
 (uint16 stored as int16). The metadata tensors (page_table, cache_seqlens, cu_seqlens_*) are the step's
 standard snapshots: the same tensors the kernel was handed. Older traces lack `attn_call`; their arguments are
 derived from the mode and scalars exactly as the backend derives them (`RecordedCall.args_recorded` is False).
+
+Width: recorders from this version on keep `attn_q`, `attn_out` and `attn_kv` at the width of the tensors they
+came from and name that dtype in `attn_dtype` (uint8, the ASCII name): a bf16 or fp16 pool is stored as its raw
+16-bit patterns (int16), float64 as int64 bits, float32 as it is. The decoder widens them exactly (bf16 bits << 16
+are the float32 bits). A step without `attn_dtype` (older traces) holds float32 values.
+
+Bundles store `attn_kv` as a delta against the previous bundled call of the same model (tracer/export/kv_delta.py);
+`recorded_call` resolves it transparently (`fetch`, a cache of recent calls, or the bundle the trace came from).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..schema import ForwardMode, Step
+from . import kv_delta
 
 UNIFORM = (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY)
 # attn_call: the arguments of the kernel entry point the backend called for layer 0 (backend/trtllm_mha_backend.py).
 CALL_FIELDS = ("entry", "q_len_per_req", "max_seq_len", "batch_size", "page_size", "num_tokens", "has_mask")
 ENTRY_DECODE, ENTRY_CONTEXT = 0, 1  # kernels.decode (XQA / trtllm-gen) or kernels.context (FMHAv2 / prefill)
-REQUIRED = ("attn_q", "attn_out", "attn_kv", "attn_page_ids", "attn_scaling", "cache_seqlens", "page_table")
+REQUIRED = ("attn_q", "attn_out", "attn_page_ids", "attn_scaling", "cache_seqlens", "page_table")
+DTYPE_ARRAY = "attn_dtype"  # uint8: the ASCII name of the dtype attn_q / attn_out / attn_kv were recorded from
+# The stored (integer bit pattern) dtype of each recorded width; float32 is stored as float32.
+STORED_AS = {"bfloat16": np.dtype(np.int16), "float16": np.dtype(np.int16), "float32": np.dtype(np.float32),
+             "float64": np.dtype(np.int64)}
 
 
 # What a replay compares, in report order (backend/replay.py computes them; the CLI prints them).
@@ -56,6 +70,7 @@ class RecordedCall:
     mask: np.ndarray | None  # uint16 [rows, T, words*2] when the call passed one (recorded), else None
     has_mask: bool  # the call passed a mask (recorded, or derived: verify with q_len_per_req > 1)
     args_recorded: bool  # True: from attn_call; False: derived from mode and scalars (older traces)
+    recorded_dtype: str = "float32"  # the dtype of the tensors q / out / kv came from (widened exactly here)
 
     @property
     def num_q_heads(self) -> int:
@@ -87,16 +102,58 @@ def has_recorded_call(step: Step) -> bool:
     return step.array("attn_q") is not None
 
 
-def recorded_call(step: Step) -> RecordedCall:
-    """Decode the recorded call of `step` (NoRecordedCall when it has none)."""
+def recorded_dtype(step: Step) -> str:
+    """The dtype name the step's attention tensors were recorded from ("float32" for traces without the tag)."""
+    tag = step.array(DTYPE_ARRAY)
+    if tag is None:
+        return "float32"
+    try:
+        return bytes(np.asarray(tag.values, dtype=np.uint8).reshape(-1)).decode("ascii")
+    except (ValueError, UnicodeDecodeError):
+        raise NoRecordedCall(f"step {step.index}: {DTYPE_ARRAY} is not an ASCII dtype name") from None
+
+
+def widen(values: np.ndarray, dtype_name: str, what: str = "array") -> np.ndarray:
+    """Stored values of a recorded tensor as float32 (float64 for a float64 source), exactly.
+
+    bf16 bits are the top half of the float32 with the same value, so shifting them up 16 bits is exact."""
+    stored = STORED_AS.get(dtype_name)
+    if stored is None:
+        raise NoRecordedCall(f"{what} was recorded from {dtype_name!r}, which this specscope cannot widen")
+    v = np.asarray(values)
+    if dtype_name == "float32":
+        return np.asarray(v, dtype=np.float32)  # older traces: float32 (or anything numeric) as it is
+    if v.dtype.itemsize != stored.itemsize or v.dtype.kind not in "iu":
+        raise NoRecordedCall(f"{what} is tagged {dtype_name} but holds {v.dtype} values")
+    v = np.ascontiguousarray(v)
+    if dtype_name == "bfloat16":
+        return (v.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if dtype_name == "float16":
+        return v.view(np.float16).astype(np.float32)
+    return v.view(np.float64)
+
+
+def recorded_call(step: Step, fetch: Callable[[int], Step] | None = None) -> RecordedCall:
+    """Decode the recorded call of `step` (NoRecordedCall when it has none).
+
+    `fetch(i)` returns step i of the same trace: a bundle's delta-coded KV is resolved through it (without it,
+    through recently decoded calls or the bundle the trace was extracted from)."""
     a = {x.name: x for x in step.arrays}
     if "attn_q" not in a:
         raise NoRecordedCall(f"step {step.index} has no recorded attention call (record with --record-attention 1)")
     missing = [n for n in REQUIRED if n not in a]
+    if "attn_kv" not in a and kv_delta.REF not in a:
+        missing.insert(0, "attn_kv")
     if missing:
         raise NoRecordedCall(f"step {step.index}: the recorded attention call lacks {missing[0]}")
-    q = np.asarray(a["attn_q"].values, dtype=np.float32)
-    out = np.asarray(a["attn_out"].values, dtype=np.float32).reshape(q.shape)
+    dt = recorded_dtype(step)
+    q = widen(a["attn_q"].values, dt, "attn_q")
+    out = widen(a["attn_out"].values, dt, "attn_out").reshape(q.shape)
+    try:
+        kv_stored = kv_delta.stored_kv(step, fetch)
+    except kv_delta.DeltaError as e:
+        raise NoRecordedCall(f"step {step.index}: {e}") from None
+    kv = widen(kv_stored, dt, "attn_kv")
     pt = a["page_table"]
     cu_q = a["cu_seqlens_q"].values if "cu_seqlens_q" in a else None
     cu_k = a["cu_seqlens_k"].values if "cu_seqlens_k" in a else None
@@ -123,11 +180,11 @@ def recorded_call(step: Step) -> RecordedCall:
         page = step.page_size
         has_mask = step.mode == ForwardMode.TARGET_VERIFY and ql > 1
     return RecordedCall(
-        step=step, entry=entry, q=q, out=out, kv=np.asarray(a["attn_kv"].values),
+        step=step, entry=entry, q=q, out=out, kv=kv,
         page_ids=np.asarray(a["attn_page_ids"].values).astype(np.int64),
         scaling=float(np.asarray(a["attn_scaling"].values).reshape(-1)[0]),
         page_table=np.asarray(pt.values), page_table_width=int(pt.shape[1]) if len(pt.shape) == 2 else 0,
         cache_seqlens=np.asarray(a["cache_seqlens"].values), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
         q_len_per_req=int(ql), max_seq_len=int(max_len), batch_size=int(batch), page_size=int(page),
-        mask=mask, has_mask=has_mask, args_recorded=call is not None,
+        mask=mask, has_mask=has_mask, args_recorded=call is not None, recorded_dtype=dt,
     )  # fmt: skip

@@ -8,6 +8,11 @@ command that recorded the trace), `perfetto.json.gz` (the steps as a Perfetto ti
 
 Every command opens a bundle where it opens a trace: `open_trace_or_bundle(path)` extracts `trace.db` to a
 temporary folder for the duration of a `with` block.
+
+Recorded attention calls travel delta-coded (`kv_delta.py`): the first call of each model keeps its full
+`attn_kv`, later ones only the KV token rows that changed since the previous bundled call of that model; every
+reader of a call (`attention_call.recorded_call`) resolves them, so `replay`, `check`, `tui` and `web` see the
+recorded bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import secrets
 import shlex
 import shutil
 import tempfile
@@ -23,14 +29,17 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from ..errors import TraceError
 from ..reader import TraceReader
 from ..schema import Step, Violation
 from ..writer import TraceWriter
+from . import kv_delta
 
 TRACE_NAME = "trace.db"
 MANIFEST = "bundle.json"
-BUNDLE_FORMAT = 1
+BUNDLE_FORMAT = 2  # 2: attn_kv delta-coded across the bundled calls of a model (kv_delta.py)
 _MAX_TRACE_BYTES = 4 << 30  # refuse to extract more than this from a bundle (a damaged or hostile size field)
 _ENV_WANTED = ("python", "torch", "flashinfer", "cuda", "specscope")
 
@@ -71,6 +80,11 @@ def _extract_trace(path: str, folder: str) -> str:
             out = os.path.join(folder, TRACE_NAME)
             with z.open(info) as src, open(out, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
+            chain = _kv_chain(z)
+            if chain is not None:
+                # A delta-coded call read out of order finds its base calls here (this copy, then the bundle).
+                kv_delta.register_source(chain, path)
+                kv_delta.register_source(chain, out)
             return out
     except zipfile.BadZipFile as e:
         raise TraceError(f"not a readable bundle (damaged zip: {e})", path) from None
@@ -80,6 +94,14 @@ def _extract_trace(path: str, folder: str) -> str:
         if isinstance(e, TraceError):
             raise
         raise TraceError(f"not a readable bundle ({type(e).__name__}: {e})", path) from None
+
+
+def _kv_chain(z: zipfile.ZipFile) -> int | None:
+    try:
+        chain = json.loads(z.read(MANIFEST)).get("kv_chain")
+    except (KeyError, ValueError, AttributeError):
+        return None
+    return chain if isinstance(chain, int) else None
 
 
 def read_member(path: str | os.PathLike[str], name: str) -> bytes:
@@ -161,6 +183,7 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
         found: list[Violation] = []
         request_ids: set[int] = set()
         dropped: list[int] = []
+        coder = _KVCoder(reader)
         with TraceWriter(db, reader.run) as w:
             for new, i in enumerate(indexes):
                 step: Step = _renumber(reader.step(i), new)
@@ -173,7 +196,7 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
                     # Unflagged: its calls agreed (else D1/D2 would flag it), so the bundle's verdicts stay the same.
                     step = _without_attention(step)
                     dropped.append(new)
-                w.write_step(step)
+                w.write_step(coder.code(step, i))
             for rec in reader.requests():
                 if rec.request_id in request_ids:
                     w.write_request(rec)
@@ -196,7 +219,8 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
             "num_steps": len(indexes), "num_violations_bundle_check": len(found),
             "num_violations_original": len(original),
             "attention_steps": _attention_steps(db), "attention": attention, "attention_dropped": dropped,
-            "export_command": export_command,
+            "kv_chain": coder.chain, "kv_keyframes": coder.keyframes, "kv_stored_bytes": coder.stored_bytes,
+            "kv_full_bytes": coder.full_bytes, "export_command": export_command,
         }  # fmt: skip
         perfetto = os.path.join(work, "perfetto.json.gz")
         with TraceReader(db) as r2:
@@ -215,6 +239,37 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
         return manifest
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+class _KVCoder:
+    """Replaces each bundled call's `attn_kv` by the token rows that differ from what the earlier bundled calls of
+    the same model hold for those pages (kv_delta.py); the first call of each model stays full."""
+
+    def __init__(self, reader: TraceReader) -> None:
+        self.reader = reader
+        self.chain = secrets.randbits(62)  # names this bundle's chain, so cached calls of other bundles never match
+        self.last: dict[str, tuple[int, kv_delta.Pages]] = {}  # model -> its last bundled call, page store after it
+        self.keyframes: list[int] = []
+        self.stored_bytes = 0
+        self.full_bytes = 0
+
+    def code(self, step: Step, original: int) -> Step:
+        """The step with its KV delta-coded (steps without a recorded call pass through)."""
+        if step.array("attn_q") is None or step.array("attn_page_ids") is None:
+            return step
+        fetch = lambda j: self.reader.step(j, arrays=kv_delta.KV_ARRAYS)  # noqa: E731 - a source that is a bundle
+        kv = kv_delta.stored_kv(dataclasses.replace(step, index=original), fetch)
+        ids = np.asarray(step.array("attn_page_ids").values).astype(np.int64)  # type: ignore[union-attr]
+        prev = self.last.get(step.model)
+        coded = kv_delta.encode(ids, kv, None if prev is None else prev[1])
+        if coded is None:
+            self.keyframes.append(step.index)
+        self.last[step.model] = (step.index, kv_delta.advance({} if prev is None else prev[1], ids, kv))
+        new = kv_delta.delta_arrays(self.chain, kv_delta.NO_BASE if prev is None else prev[0], coded, kv)
+        self.full_bytes += kv.nbytes
+        self.stored_bytes += sum(a.values.nbytes for a in new)
+        keep = tuple(a for a in step.arrays if a.name not in kv_delta.KV_ARRAYS or a.name == "attn_page_ids")
+        return dataclasses.replace(step, arrays=keep + tuple(new))
 
 
 def _renumber(step: Step, index: int) -> Step:

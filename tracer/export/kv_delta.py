@@ -1,0 +1,252 @@
+"""Delta-coded KV pages of recorded attention calls, as bug-report bundles store them. Torch-free (numpy).
+
+Consecutive calls of one model read nearly the same pages: per step only the token rows just written change (the
+tail of each request's last page, and pages it just started). So in a bundle the first call of each model keeps
+its full `attn_kv`, and each later one stores only the token rows that differ, byte for byte, from the previous
+bundled call of the same model, matched by physical page id (a page the base did not hold counts as zeros):
+
+- `attn_kv_ref`   int64 [2]: the chain id (one per bundle) and the bundle step index of the base call (-1: none,
+  this step holds its full `attn_kv`);
+- `attn_kv_rows`  int32 [R]: the differing token rows, as `slot * page_size + row` (slot: index in attn_page_ids);
+- `attn_kv_delta` [R, 2, Hkv, D] in attn_kv's stored dtype: those rows; its snapshot's `shape` is the full
+  `[U, 2, Hkv, P, D]` of the call's attn_kv.
+
+Decoding is exact (the stored bytes come back). `stored_kv(step, fetch)` resolves a step's KV: from a cache of
+recently decoded calls (a sequential read, as `check` does, chains onto the previous call), from `fetch(i)` (the
+caller's reader), or from the bundle the trace was extracted from (`register_source`, called on extraction).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..schema import Step
+
+REF, ROWS, DELTA = "attn_kv_ref", "attn_kv_rows", "attn_kv_delta"
+KV_ARRAYS = ("attn_page_ids", "attn_kv", REF, ROWS, DELTA)  # what resolving a base call reads of a step
+NO_BASE = -1
+_CACHE_ENTRIES = 16
+_CACHE_BYTES = 512 << 20
+_MAX_CHAIN = 1 << 16  # a base chain longer than any bundle: damage (or a loop)
+
+
+class DeltaError(ValueError):
+    """A delta-coded call cannot be resolved (its base is missing or the arrays disagree); one sentence."""
+
+
+_lock = threading.Lock()
+_cache: OrderedDict[tuple[int, int], tuple[dict[int, np.ndarray], np.ndarray]] = OrderedDict()  # -> pages after, kv
+_sources: dict[int, list[str]] = {}  # chain id -> trace or bundle paths that hold it
+
+
+def register_source(chain: int, path: str) -> None:
+    """Remember that delta chain `chain` can be read from `path` (a trace or a bundle), newest first."""
+    with _lock:
+        paths = [p for p in _sources.get(int(chain), []) if p != path]
+        _sources[int(chain)] = [path, *paths][:8]
+
+
+def _cache_get(key: tuple[int, int]) -> tuple[dict[int, np.ndarray], np.ndarray] | None:
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+        return hit
+
+
+def _cache_put(key: tuple[int, int], pages: dict[int, np.ndarray], kv: np.ndarray) -> None:
+    with _lock:
+        _cache[key] = (pages, kv)
+        _cache.move_to_end(key)
+        # Page stores share their unchanged pages; count each page array once.
+        def size() -> int:
+            seen = {id(x): x.nbytes for v in _cache.values() for x in v[0].values()}
+            return sum(seen.values()) + sum(v[1].nbytes for v in _cache.values())
+
+        while len(_cache) > 1 and (len(_cache) > _CACHE_ENTRIES or size() > _CACHE_BYTES):
+            _cache.popitem(last=False)
+
+
+Pages = dict[int, np.ndarray]  # page id -> its latest known content as token rows [P, 2 * Hkv * D] (never mutated)
+
+
+def _as_rows(kv: np.ndarray) -> np.ndarray:
+    """[U, 2, Hkv, P, D] -> [U, P, 2 * Hkv * D]: one row per token slot of every page."""
+    u, two, h, p, d = kv.shape
+    return np.ascontiguousarray(kv.transpose(0, 3, 1, 2, 4)).reshape(u, p, two * h * d)
+
+
+def _from_rows(rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    u, two, h, p, d = shape
+    return np.ascontiguousarray(rows.reshape(u, p, two, h, d).transpose(0, 2, 3, 1, 4))
+
+
+def _base_rows(ids: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, pages: Pages) -> np.ndarray:
+    """What the earlier calls hold for the pages `ids`, `[U, P, W]` (zeros for pages none of them read)."""
+    u, two, h, p, d = shape
+    out = np.zeros((u, p, two * h * d), dtype=dtype)
+    for slot, pid in enumerate(ids):
+        page = pages.get(int(pid))
+        if page is not None and page.shape == out.shape[1:] and page.dtype == dtype:
+            out[slot] = page
+    return out
+
+
+def advance(pages: Pages, ids: np.ndarray, kv: np.ndarray) -> Pages:
+    """The page store after a call that read `kv` for the pages `ids` (a new dict; unchanged pages are shared)."""
+    out = dict(pages)
+    rows = _as_rows(kv)
+    for slot, pid in enumerate(ids):
+        out[int(pid)] = rows[slot]
+    return out
+
+
+def encode(ids: np.ndarray, kv: np.ndarray, pages: Pages | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(rows, delta) of `kv` against the page store of the earlier calls, or None when the full array is the
+    better encoding (no earlier call, or the delta would not be smaller)."""
+    if pages is None or kv.ndim != 5:
+        return None
+    u, two, h, p, d = kv.shape
+    cur = _as_rows(kv).reshape(u * p, -1)
+    base = _base_rows(ids, kv.shape, kv.dtype, pages).reshape(u * p, -1)
+    differ = np.any(cur.view(np.uint8) != base.view(np.uint8), axis=1)  # bytes: NaN and -0.0 are kept exactly
+    idx = np.flatnonzero(differ)
+    if idx.size * (cur.shape[1] * cur.itemsize + 4) >= kv.nbytes:
+        return None
+    return idx.astype(np.int32), cur[idx].reshape(idx.size, two, h, d)
+
+
+def decode(ids: np.ndarray, shape: tuple[int, ...], rows: np.ndarray, delta: np.ndarray, pages: Pages) -> np.ndarray:
+    """The full kv `[U, 2, Hkv, P, D]` from the earlier calls' page store and the differing rows."""
+    if len(shape) != 5 or shape[0] != len(ids):
+        raise DeltaError(f"{DELTA} says the call read {shape[0] if shape else '?'} pages, attn_page_ids has {len(ids)}")
+    u, two, h, p, d = shape
+    if delta.shape != (rows.shape[0], two, h, d):
+        raise DeltaError(f"{DELTA} holds {list(delta.shape)}, not [{rows.shape[0]}, {two}, {h}, {d}]")
+    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= u * p):
+        raise DeltaError(f"{ROWS} points past the call's {u * p} token rows")
+    out = _base_rows(ids, tuple(shape), delta.dtype, pages).reshape(u * p, -1)
+    out[rows.astype(np.int64)] = delta.reshape(rows.shape[0], -1)
+    return _from_rows(out, tuple(shape))
+
+
+def delta_arrays(chain: int, base: int, coded: tuple[np.ndarray, np.ndarray] | None, kv: np.ndarray) -> list[Any]:
+    """The ArraySnapshots that replace a step's `attn_kv` in a bundle: the chain reference (`base`: the previous
+    bundled call of the model, -1 for its first) plus the full kv (`coded` None) or the differing rows."""
+    from ..schema import ArraySnapshot
+
+    ref = ArraySnapshot(REF, "int64", (2,), 0, np.array([chain, base], np.int64))
+    if coded is None:
+        return [ArraySnapshot("attn_kv", str(kv.dtype), tuple(kv.shape), 0, kv), ref]
+    rows, delta = coded
+    return [ref, ArraySnapshot(ROWS, "int32", tuple(rows.shape), 0, rows),
+            ArraySnapshot(DELTA, str(delta.dtype), tuple(kv.shape), 0, delta)]
+
+
+def stored_kv(step: Step, fetch: Callable[[int], Step] | None = None) -> np.ndarray:
+    """The step's `attn_kv` as stored (raw width), resolving a bundle's delta chain."""
+    a = {x.name: x for x in step.arrays}
+    if REF not in a:
+        if "attn_kv" not in a:
+            raise DeltaError("the recorded attention call lacks attn_kv")
+        return np.asarray(a["attn_kv"].values)
+    chain, base = _ref(a, step.index)
+    hit = _cache_get((chain, step.index))
+    if hit is not None:
+        return hit[1]
+    if "attn_kv" in a:
+        kv = np.asarray(a["attn_kv"].values)
+        # Remember the page store after it, so a sequential read (as `check` does) decodes the next call.
+        before = {} if base == NO_BASE else (_cache_get((chain, base)) or (None, None))[0]
+        if before is not None and "attn_page_ids" in a:
+            _cache_put((chain, step.index), advance(before, np.asarray(a["attn_page_ids"].values), kv), kv)
+        return kv
+    return _resolve(step, chain, fetch)
+
+
+def _ref(a: dict[str, Any], index: int) -> tuple[int, int]:
+    v = np.asarray(a[REF].values).reshape(-1)
+    if v.shape[0] != 2:
+        raise DeltaError(f"{REF} holds {v.shape[0]} values, not 2")
+    chain, base = int(v[0]), int(v[1])
+    if base != NO_BASE and not 0 <= base < index:
+        raise DeltaError(f"{REF} names base step {base}, which is not an earlier step")
+    return chain, base
+
+
+def _call_kv(s: Step, pages: Pages) -> tuple[np.ndarray, np.ndarray]:
+    a = {x.name: x for x in s.arrays}
+    if "attn_page_ids" not in a:
+        raise DeltaError(f"step {s.index}'s recorded call lacks attn_page_ids")
+    ids = np.asarray(a["attn_page_ids"].values).astype(np.int64)
+    if "attn_kv" in a:
+        return ids, np.asarray(a["attn_kv"].values)
+    missing = [n for n in (ROWS, DELTA) if n not in a]
+    if missing:
+        raise DeltaError(f"step {s.index}'s delta-coded KV lacks {missing[0]}")
+    return ids, decode(ids, tuple(a[DELTA].shape), np.asarray(a[ROWS].values), np.asarray(a[DELTA].values), pages)
+
+
+def _resolve(step: Step, chain: int, fetch: Callable[[int], Step] | None) -> np.ndarray:
+    """Walk back to a cached call or the model's first bundled call, then decode forward (caching each call)."""
+    opened: list[Any] = []
+    try:
+        get = fetch or _registry_fetch(chain, opened, step.index)
+        pending = [step]
+        pages: Pages = {}
+        while True:
+            a = {x.name: x for x in pending[-1].arrays}
+            if REF not in a:
+                raise DeltaError(f"step {pending[-1].index} is in the delta chain but has no {REF}")
+            c, base = _ref(a, pending[-1].index)
+            if c != chain:
+                raise DeltaError(f"step {pending[-1].index} belongs to another delta chain")
+            if base == NO_BASE:
+                break
+            hit = _cache_get((chain, base))
+            if hit is not None:
+                pages = hit[0]
+                break
+            if len(pending) > _MAX_CHAIN:
+                raise DeltaError("the delta chain of its KV pages does not end")
+            try:
+                pending.append(get(base))
+            except DeltaError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the source's own error, as one sentence
+                raise DeltaError(f"its KV pages are stored as changes against step {base}, which cannot be read "
+                                 f"({type(e).__name__}: {e})") from None
+        kv = None
+        for s in reversed(pending):
+            ids, kv = _call_kv(s, pages)
+            pages = advance(pages, ids, kv)
+            _cache_put((chain, s.index), pages, kv)
+        assert kv is not None
+        return kv
+    finally:
+        for r in opened:
+            r.close()
+
+
+def _registry_fetch(chain: int, opened: list[Any], index: int) -> Callable[[int], Step]:
+    """A step reader over the first registered source of `chain` that still exists (opened on first use)."""
+
+    def get(i: int) -> Step:
+        if not opened:
+            with _lock:
+                paths = [p for p in _sources.get(chain, []) if os.path.exists(p)]
+            if not paths:
+                raise DeltaError(f"its KV pages are stored as changes against earlier steps of the bundle: open the "
+                                 f"bundle .zip (not an extracted trace.db), or read the steps in order (step {index})")
+            from ..reader import TraceReader
+
+            opened.append(TraceReader(paths[0]))
+        return opened[0].step(i, arrays=KV_ARRAYS)
+
+    return get
