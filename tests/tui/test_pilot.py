@@ -312,7 +312,7 @@ async def test_follow_a_trace_another_writer_grows(clean_trace: str, tmp_path) -
         w.close()
         for _ in range(40):
             await pilot.pause(0.05)
-            if "trace closed" in app._statusbar._text.plain:
+            if "trace closed" in app._statusbar.plain:
                 break
-        assert "trace closed" in app._statusbar._text.plain
+        assert "trace closed" in app._statusbar.plain
     src.close()

@@ -65,6 +65,26 @@ def test_acceptance_by_position() -> None:
     assert m.bar(0.5, 4) == "██  "
 
 
+def test_sliding_window_histogram_equals_the_sum_over_the_window() -> None:
+    import random
+
+    with TraceReader(os.path.join(ROOT, "samples", "traces", "cpu-default.db")) as r:
+        rows = r.summaries(0, r.num_steps())
+    n = len(rows)
+    sliding = m.SlidingHist()
+    rng = random.Random(1)
+    i = n // 2
+    verified = 0
+    for _ in range(300):  # mostly single steps both ways, sometimes a far jump
+        i = rng.randrange(n) if rng.random() < 0.05 else max(0, min(n - 1, i + rng.choice((-3, -1, 1, 1, 2, 25))))
+        a, b = max(0, i - 40), min(n, i + 41)
+        got = sliding.window(a, b, lambda lo, hi: rows[lo:hi])
+        assert got == m.window_hist(rows[a:b]), (i, a, b)
+        verified += bool(got)
+    assert verified > 100
+    assert m.SlidingHist().window(0, 10, lambda lo, hi: None) is None  # not at hand: nothing changes
+
+
 def test_run_flags_are_rebuilt_for_the_child() -> None:
     from specscope.ui import cmd_tui
 

@@ -9,7 +9,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from rich.text import Text
 from specscope.tracer.checks import BY_ID
 from specscope.tracer.condition import ConditionError
 from specscope.tracer.query import StepFilter
@@ -21,6 +20,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from . import model as m
+from .lines import Lines
 from .screens import HelpScreen, PromptScreen
 from .source import BLOCK, BackgroundLoader, TraceSource
 from .widgets import (
@@ -177,6 +177,7 @@ class SpecscopeApp(App[int]):
         self._tail = True  # following the newest step of a growing trace
         self._viol_version = -1
         self._accept_pending = False
+        self._window_hist = m.SlidingHist()
         self._settle: Any = None
         self.message = ""
         if controller is not None:
@@ -275,7 +276,7 @@ class SpecscopeApp(App[int]):
         if cell is None and viols:
             cell = m.violation_cell(viols[0], st)
         self.highlight = cell
-        capture = src.reader.capture_of(i) if st.graph.value == "replay" else None
+        capture = src.capture_of(i) if st.graph.value == "replay" else None
         self._detail.show(st, s, capture, src.run.attention_kernel, max(len(viols), s.num_violations))
         row = None
         if cell is not None and cell.row is not None and (cell.array == "request" or cell.array not in (
@@ -316,10 +317,10 @@ class SpecscopeApp(App[int]):
         background and the pane fills in on the next tick (the jump itself never waits for them)."""
         src = self.source
         a, b = max(0, i - WINDOW), min(src.num_steps(), i + WINDOW + 1)
-        rows = src.cached_summaries(a, b)
-        self._accept_pending = rows is None
-        if rows is not None:
-            self._accept.show(self.run_hist, m.window_hist(rows), (a, b - 1))
+        hist = self._window_hist.window(a, b, src.cached_summaries)
+        self._accept_pending = hist is None
+        if hist is not None:
+            self._accept.show(self.run_hist, hist, (a, b - 1))
 
     def _verify_near(self, st: Step) -> Step | None:
         for j in list(range(st.index + 1, st.index + 12)) + list(range(st.index - 1, st.index - 12, -1)):
@@ -338,7 +339,7 @@ class SpecscopeApp(App[int]):
     def _status(self) -> None:
         src = self.source
         n = src.num_steps()
-        t = Text()
+        t = Lines()
         t.append("specscope ", style="bold")
         if self.controller is not None:  # first: the run's state must survive a narrow terminal's cut
             t.append(self.controller.status_text(short=True) + "  ", style="bold #ffd75f")
@@ -396,7 +397,8 @@ class SpecscopeApp(App[int]):
     async def ready(self, timeout: float = 10.0) -> None:
         """Wait until background loading (and checking) is done, then redraw; for tests and benchmarks."""
         deadline = time.monotonic() + timeout
-        while not self.loader.initial.is_set() and time.monotonic() < deadline:
+        # The loader, and the first layout (panes sized: what fits on screen depends on it).
+        while (not self.loader.initial.is_set() or not self._steps.size.height) and time.monotonic() < deadline:
             await self._sleep(0.02)
         self.run_hist = self.source.run_hist if self.source.run_hist is not None else \
             self.source.reader.accept_histogram()

@@ -7,7 +7,8 @@ Pure functions over schema records, so the tests exercise them without a termina
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,8 +89,9 @@ def classify(step: Step) -> Grid | None:
         lr_pages = pages[:live][live_read[:live]]
         lr_owner = np.broadcast_to(owner_of_row[:, None], (live, cols))[live_read[:live]]
         if lr_pages.size:
-            pairs = np.unique(np.stack([lr_pages, lr_owner], axis=1), axis=0)
-            uniq, cnt = np.unique(pairs[:, 0], return_counts=True)
+            # Distinct (page, owner) pairs as one int64 key each (a 2-D unique sorts rows as void records: slow).
+            pairs = np.unique((lr_pages << 32) | (lr_owner & 0xFFFFFFFF))
+            uniq, cnt = np.unique(pairs >> 32, return_counts=True)
             multi = uniq[(cnt > 1) & (uniq != 0)]
             if multi.size:
                 shared[:live] = np.isin(pages[:live], multi) & live_read[:live]
@@ -257,6 +259,47 @@ def window_hist(summaries: Iterable[StepSummary]) -> list[int]:
         if s.mode == ForwardMode.TARGET_VERIFY and s.accept_hist:
             total = add_hist(total, s.accept_hist)
     return total
+
+
+class SlidingHist:
+    """`window_hist` of a window of steps that slides with the current step: a move by d steps adds and removes
+    about d summaries instead of re-summing the ~400 of the window. Equal to `window_hist` of the window."""
+
+    def __init__(self) -> None:
+        self.a = self.b = 0
+        self.counts: list[int] = []
+        self.lengths: Counter[int] = Counter()  # histogram lengths in the window: the result is the longest
+
+    def window(self, a: int, b: int, rows: Callable[[int, int], list[StepSummary] | None]) -> list[int] | None:
+        """The histogram of [a, b); `rows(lo, hi)` gives summaries or None when they are not at hand (then None,
+        and nothing changes)."""
+        if a >= self.b or b <= self.a or (b - a) < abs(a - self.a) + abs(b - self.b):
+            got = rows(a, b)
+            if got is None:
+                return None
+            self.counts, self.lengths = [], Counter()
+            self._add(got, 1)
+        else:
+            spans = [(lo, hi, sign) for lo, hi, sign in ((self.a, a, -1), (b, self.b, -1), (a, self.a, 1),
+                                                       (self.b, b, 1)) if hi > lo]
+            parts = [(rows(lo, hi), sign) for lo, hi, sign in spans]
+            if any(p is None for p, _ in parts):
+                return None
+            for p, sign in parts:
+                self._add(p, sign)  # type: ignore[arg-type]
+        self.a, self.b = a, b
+        n = max((k for k, c in self.lengths.items() if c > 0), default=0)
+        return self.counts[:n]
+
+    def _add(self, summaries: Iterable[StepSummary], sign: int) -> None:
+        for s in summaries:
+            if s.mode == ForwardMode.TARGET_VERIFY and s.accept_hist:
+                h = s.accept_hist
+                if len(h) > len(self.counts):
+                    self.counts += [0] * (len(h) - len(self.counts))
+                for i, c in enumerate(h):
+                    self.counts[i] += sign * int(c)
+                self.lengths[len(h)] += sign
 
 
 def bar(frac: float, width: int) -> str:

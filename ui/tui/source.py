@@ -99,6 +99,7 @@ class TraceSource:
         self._n = self.reader.num_steps()
         self._blocks: OrderedDict[int, list[StepSummary]] = OrderedDict()
         self._steps: OrderedDict[int, Step] = OrderedDict()
+        self._captures: dict[int, int | None] = {}
         self.violations = ViolationIndex()
         self.checked_through: int | None = None  # steps the table's verdicts cover (None: never checked)
         self.tui_checked_through = -1  # steps the TUI's own checker has judged
@@ -212,6 +213,14 @@ class TraceSource:
         else:
             self._steps.move_to_end(i)
         return st
+
+    def capture_of(self, i: int) -> int | None:
+        """The capture step a replay step came from (a query per replay step: cached)."""
+        if i not in self._captures:
+            if len(self._captures) > 4096:
+                self._captures.clear()
+            self._captures[i] = self.reader.capture_of(i)
+        return self._captures[i]
 
     def num_violations(self, s: StepSummary) -> int:
         """Violations of a step: the table's count plus the TUI checker's own finds for unchecked steps."""

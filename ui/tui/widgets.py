@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from rich.console import Console
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -16,10 +15,10 @@ from textual.geometry import Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from textual.widget import Widget
 from textual.widgets import Tree
 
 from . import model as m
+from .lines import LinePane, Lines, text_width
 from .source import TraceSource
 
 MODE_SHORT = {"EXTEND": "extend", "DECODE": "decode", "DRAFT_DECODE": "draft", "TARGET_VERIFY": "verify",
@@ -35,7 +34,8 @@ _S_CELL_HIT = Style(color="black", bgcolor="#ffff5f", bold=True, underline=True)
 _KIND_STYLES = tuple(Style.parse(x) for x in m.STYLES)
 _S_TABLE_HEAD = Style(bold=True, color="grey85", bgcolor="#1c3a5e")
 _S_ROW_CUR = Style(bgcolor="#23334a")
-_CONSOLE = Console(width=400, color_system="truecolor", legacy_windows=False)
+_S_LANE, _S_PLAIN = Style(color="grey62"), Style()
+_S_NOW, _S_ODD, _S_EVEN = Style(color="#ffd75f"), Style(color="#5f87af"), Style(color="#5f5f87")
 
 
 def fmt_ns(ns: int) -> str:
@@ -102,7 +102,15 @@ class StepList(ScrollView, can_focus=True):
 
     def sync_size(self) -> None:
         """Follow a growing trace."""
-        self.virtual_size = Size(self.size.width, self.source.num_steps() + 1)
+        self.virtual_size = Size(0, self.source.num_steps() + 1)  # rows are cut to the pane: no sideways scroll
+
+    def on_resize(self) -> None:
+        """Keep the cursor in view: a step shown before the first layout (start-up, `--follow`) had no height."""
+        self.sync_size()
+        h = max(1, self.size.height - 1)
+        top = int(self.scroll_offset.y)
+        if not top <= self.cursor < top + h:
+            self.scroll_to(y=max(0, self.cursor - h // 2), animate=False, immediate=True)
 
     def set_cursor(self, i: int) -> None:
         """Move the highlight to step i and keep it in view (centred when it jumps); without a scroll only the
@@ -154,24 +162,9 @@ class StepList(ScrollView, can_focus=True):
                 self.post_message(self.Picked(i))
 
 
-class TextPane(Widget):
-    """A pane of rich text with a fixed size: updating it repaints without a layout pass (which costs a
-    whole-screen relayout per step with auto-sized panes)."""
-
-    def __init__(self, text: str = "", **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
-        self._text: Text | str = text
-
-    def update(self, text: Text | str) -> None:
-        """Replace the text and repaint (nothing to do when it did not change)."""
-        if text == self._text:
-            return
-        self._text = text
-        self.refresh()
-
-    def render(self) -> Text | str:
-        """The current text."""
-        return self._text
+class TextPane(LinePane):
+    """A pane of styled lines with a fixed size: updating it repaints the changed lines only, without a layout
+    pass (which costs a whole-screen relayout per step with auto-sized panes)."""
 
 
 class Timeline(TextPane):
@@ -221,29 +214,39 @@ class Timeline(TextPane):
         t1 = max([s.end_ns for s in sums.values()] + [sp.end_ns for v in per.values() for sp in v])
         lane_w = width - 5
         scale = max(1, t1 - t0) / lane_w
-        lanes = {name: [(" ", Style())] * lane_w for name in ("plan", "comp", "host")}
+        # Per lane, the step drawn in each cell (-1: empty); then one run per stretch of equal cells.
+        lanes = {name: [-1] * lane_w for name in ("plan", "comp", "host")}
         for i in range(a, b):
-            cur = i == self.current
-            colour = "#ffd75f" if cur else ("#5f87af" if i % 2 else "#5f5f87")
-            spans = per.get(i, [])
             rows = [(("plan" if sp.stream == "plan" else "comp" if sp.stream == "compute" else "host"),
-                     sp.start_ns, sp.end_ns) for sp in spans]
+                     sp.start_ns, sp.end_ns) for sp in per.get(i, [])]
             s = sums.get(i)
             if s is not None:
                 rows.append(("host", s.start_ns, s.end_ns))
             for lane, x0n, x1n in rows:
                 x0 = int((x0n - t0) / scale)
                 x1 = max(x0 + 1, int((x1n - t0) / scale))
-                ch = "█" if cur else "▆"
-                for x in range(max(0, x0), min(lane_w, x1)):
-                    lanes[lane][x] = (ch, Style(color=colour))
-        t = Text()
+                cells = lanes[lane]
+                lo, hi = max(0, x0), min(lane_w, x1)
+                if hi > lo:
+                    cells[lo:hi] = [i] * (hi - lo)
+        t = Lines()
         for name, cells in lanes.items():
-            t.append(f"{name:<4} ", style="grey62")
-            for ch, st in cells:
-                t.append(ch, style=st)
+            t.append(f"{name:<4} ", _S_LANE)
+            x = 0
+            while x < lane_w:
+                who = cells[x]
+                end = x + 1
+                while end < lane_w and cells[end] == who:
+                    end += 1
+                if who < 0:
+                    t.append(" " * (end - x), _S_PLAIN)
+                else:
+                    cur = who == self.current
+                    t.append(("█" if cur else "▆") * (end - x),
+                             _S_NOW if cur else (_S_ODD if who % 2 else _S_EVEN))
+                x = end
             t.append("\n")
-        t.append(f"steps {a}–{b - 1}  {fmt_ns(t1 - t0)}", style="grey50")
+        t.append(f"steps {a}–{b - 1}  {fmt_ns(t1 - t0)}", "grey50")
         self.update(t)
 
 
@@ -252,7 +255,7 @@ class DetailPanel(TextPane):
 
     def show(self, st: Step, s: StepSummary, capture: int | None, kernel: str, nviol: int) -> None:
         """Draw the detail of one step: short lines that do not wrap (the ends are cut on narrow panes)."""
-        t = Text(no_wrap=True, overflow="ellipsis")
+        t = Lines()
         mode = st.mode.value + (f" #{st.step_id}" if st.step_id is not None else "")
         t.append(f"step {st.index}", style="bold")
         t.append(f"  {st.model} {mode}", style="bold #87d7ff")
@@ -299,37 +302,53 @@ class RequestsTable(ScrollView, can_focus=True):
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
-        self.rows: list[list[Text]] = []
+        # Per row, per column: (runs of (text, style), the cell's own style, width in cells). Plain tuples, not
+        # Rich Text: a bs-64 step builds 512 cells, and only the ~12 visible rows are ever turned into segments.
+        self.rows: list[list[_TCell]] = []
         self.widths: list[int] = [len(h) for h in self.HEADERS]
         self.cursor_row = 0
         self.highlight_row: int | None = None
         self._height = -1
-        self._rendered: dict = {}
+        self._rendered: dict[tuple[int, bool, bool], tuple[list[Segment], list[Segment]]] = {}
+        self._head: tuple[tuple[int, ...], list[Segment], list[Segment]] | None = None
 
     @property
     def row_count(self) -> int:
         """Rows shown (live and padded)."""
         return len(self.rows)
 
+    def cell_text(self, row: int, col: int) -> str:
+        """The plain text of one cell (for tests and the clipboard)."""
+        return "".join(t for t, _ in self.rows[row][col][0])
+
     def show(self, st: Step, byte_level: bool, highlight_row: int | None) -> None:
         """Fill with the step's requests."""
-        rows: list[list[Text]] = []
+        rows: list[list[_TCell]] = []
         verify = st.mode == ForwardMode.TARGET_VERIFY
+        sep = "" if byte_level else " "
         for b, r in enumerate(st.requests):
-            draft = Text()
-            for link in (m.draft_chain(r.draft_tokens, r.accepted_tokens) if r.draft_tokens else []):
-                if not link.bonus:
-                    draft.append(m.token_text(link.token, byte_level) + ("" if byte_level else " "),
-                                 style="bold green" if link.accepted else "strike red")
-            rows.append([Text(str(b)), Text(str(r.request_id), style="bold"), Text(str(r.slot)),
-                         Text(f"{r.seq_len_before}→{r.seq_len_after}"), Text(str(r.num_q_tokens)),
-                         Text(str(r.accept_length) if verify else ""), draft,
-                         Text(m.tokens_text(r.accepted_tokens, byte_level), style="green")])
+            draft: list[tuple[str, Style | None]] = []
+            if r.draft_tokens:
+                # One run per stretch of accepted / rejected tokens (the accepted ones are a prefix).
+                for link in m.draft_chain(r.draft_tokens, r.accepted_tokens):
+                    if link.bonus:
+                        continue
+                    sty = _S_ACC if link.accepted else _S_REJ
+                    txt = m.token_text(link.token, byte_level) + sep
+                    if draft and draft[-1][1] is sty:
+                        draft[-1] = (draft[-1][0] + txt, sty)
+                    else:
+                        draft.append((txt, sty))
+            acc = m.tokens_text(r.accepted_tokens, byte_level)
+            rows.append([_tcell(str(b)), _tcell(str(r.request_id), _S_BOLD), _tcell(str(r.slot)),
+                         _tcell(f"{r.seq_len_before}→{r.seq_len_after}"), _tcell(str(r.num_q_tokens)),
+                         _tcell(str(r.accept_length) if verify else ""),
+                         (tuple(draft), None, sum(text_width(t) for t, _ in draft)), _tcell(acc, _S_GREEN)])
         for b in range(len(st.requests), st.padded_batch_size):
-            rows.append([Text(str(b), style="grey42"), Text("pad", style="grey42")] + [Text("")] * 6)
+            rows.append([_tcell(str(b), _S_PAD), _tcell("pad", _S_PAD)] + [_EMPTY] * 6)
         self.rows = rows
-        self.widths = [max([len(h)] + [r[c].cell_len for r in rows]) for c, h in enumerate(self.HEADERS)]
-        self._rendered: dict[tuple[int, bool], tuple[list[Segment], list[Segment]]] = {}
+        self.widths = [max([len(h)] + [r[c][2] for r in rows]) for c, h in enumerate(self.HEADERS)]
+        self._rendered.clear()
         self.highlight_row = highlight_row
         self.cursor_row = highlight_row if highlight_row is not None and highlight_row < len(rows) else min(
             self.cursor_row, max(0, len(rows) - 1))
@@ -353,43 +372,45 @@ class RequestsTable(ScrollView, can_focus=True):
         self._reveal()
         self.refresh()
 
-    def _cells(self, cells: Sequence[Text], base: Style) -> tuple[list[Segment], list[Segment]]:
+    def _cells(self, cells: Sequence[_TCell], base: Style) -> tuple[list[Segment], list[Segment]]:
         fixed: list[Segment] = []
         rest: list[Segment] = []
-        for c, txt in enumerate(cells):
+        for c, (runs, cell_style, w) in enumerate(cells):
             out = fixed if c < self.FIXED else rest
-            t = txt.copy()
-            t.truncate(self.widths[c], pad=True)
-            for seg in t.render(_CONSOLE):
-                out.append(Segment(seg.text, base + seg.style if seg.style else base))
+            cs = base + cell_style if cell_style is not None else base
+            for text, sty in runs:
+                out.append(Segment(text, cs + sty if sty is not None else cs))
+            pad = self.widths[c] - w
+            if pad > 0:
+                out.append(Segment(" " * pad, cs))
             out.append(Segment("  ", base))
-        return fixed, rest
+        return _merge(fixed), _merge(rest)
 
     def render_line(self, y: int) -> Strip:
         """Header, then the rows from the scroll position."""
         width = self.size.width
         if y == 0:
-            cells = [Text(h) for h in self.HEADERS]
+            key = tuple(self.widths)
+            if self._head is None or self._head[0] != key:
+                self._head = (key, *self._cells([_tcell(h) for h in self.HEADERS], _S_TABLE_HEAD))
+            _, fixed, rest = self._head
             base = _S_TABLE_HEAD
         else:
             r = int(self.scroll_offset.y) + y - 1
             if not 0 <= r < len(self.rows):
                 return Strip.blank(width)
             base = _S_CURSOR if r == self.cursor_row and self.has_focus else (
-                _S_ROW_CUR if r == self.cursor_row else Style())
+                _S_ROW_CUR if r == self.cursor_row else _S_NONE)
             key = (r, r == self.cursor_row, self.has_focus and r == self.cursor_row)
-            got = self._rendered.get(key)  # type: ignore[arg-type]
+            got = self._rendered.get(key)
             if got is None:
                 cells = list(self.rows[r])
                 if r == self.highlight_row:
-                    cells[1] = Text(cells[1].plain, style="bold black on #ffff5f")
+                    runs, _, w = cells[1]
+                    cells[1] = (tuple((t, None) for t, _ in runs), _S_ROW_HIT, w)
                 got = self._cells(cells, base)
-                self._rendered[key] = got  # type: ignore[index]
+                self._rendered[key] = got
             fixed, rest = got
-            fw = sum(len(s.text) for s in fixed)
-            segs = fixed + _crop(rest, int(self.scroll_offset.x), max(0, width - fw))
-            return Strip(segs).crop_extend(0, width, base)
-        fixed, rest = self._cells(cells, base)
         fw = sum(len(s.text) for s in fixed)
         segs = fixed + _crop(rest, int(self.scroll_offset.x), max(0, width - fw))
         return Strip(segs).crop_extend(0, width, base)
@@ -400,6 +421,19 @@ class RequestsTable(ScrollView, can_focus=True):
         if off is not None and off.y >= 1:
             self.cursor_row = max(0, min(len(self.rows) - 1, int(self.scroll_offset.y) + off.y - 1))
             self.refresh()
+
+
+_TCell = tuple[tuple[tuple[str, "Style | None"], ...], "Style | None", int]
+_S_NONE = Style()
+_S_BOLD, _S_GREEN, _S_PAD = Style(bold=True), Style(color="green"), Style(color="grey42")
+_S_ACC, _S_REJ = Style(bold=True, color="green"), Style(strike=True, color="red")
+_S_ROW_HIT = Style.parse("bold black on #ffff5f")
+_EMPTY: _TCell = ((), None, 0)
+
+
+def _tcell(text: str, style: Style | None = None) -> _TCell:
+    """A table cell of one run."""
+    return (((text, None),) if text else (), style, text_width(text))
 
 
 class PageGrid(ScrollView, can_focus=True):
@@ -457,6 +491,15 @@ class PageGrid(ScrollView, can_focus=True):
         self._sync()
         if grid is not None and highlight is not None and highlight.row is not None:
             self.reveal(highlight)
+
+    def on_resize(self) -> None:
+        """Fit again for the new width (a grid shown before the first layout was fitted to no width)."""
+        if self.grid is not None and self._auto_fit:
+            self.zoom = self._fit_index()
+            self._lines.clear()
+            self._sync()
+            if self.highlight is not None and self.highlight.row is not None:
+                self.reveal(self.highlight)
 
     def _fit_index(self) -> int:
         if self.grid is None:
@@ -558,18 +601,29 @@ class PageGrid(ScrollView, can_focus=True):
             segs.append(Segment(" "))
         used = sum(len(s.text) for s in segs)
         segs.append(Segment(" " * max(0, lw - used)))
-        cells: list[Segment] = []
+        # Only the columns in view (a 100k-token row is hundreds of cells), one run per stretch of one style.
+        c0 = sx // cw
+        runs: list[list] = []
         if z == 0:
-            for c in range(g.cols):
-                k = int(g.cls[r, c])
-                txt = f"{int(g.pages[r, c])}{m.SYMBOLS[k]}".rjust(cw - 1) + " "
-                cells.append(Segment(txt, self._cell_style(k, r, c)))
+            c1 = min(g.cols, -(-(sx + gw) // cw))
+            kinds, pages = g.cls[r, c0:c1].tolist(), g.pages[r, c0:c1].tolist()
+            for c, (k, page) in enumerate(zip(kinds, pages, strict=True), c0):
+                sty = self._cell_style(k, r, c)
+                txt = f"{page}{m.SYMBOLS[k]}".rjust(cw - 1) + " "
+                if runs and runs[-1][1] is sty:
+                    runs[-1][0] += txt
+                else:
+                    runs.append([txt, sty])
         else:
             cls, first = self._zoomed(z)
-            for c in range(cls.shape[1]):
-                k = int(cls[r, c])
-                cells.append(Segment(m.SYMBOLS[k], self._cell_style(k, r, int(first[c]), z)))
-        segs.extend(_merge(_crop(cells, sx, gw)))
+            c1 = min(cls.shape[1], sx + gw)
+            for c, k in enumerate(cls[r, c0:c1].tolist(), c0):
+                sty = self._cell_style(k, r, int(first[c]), z)
+                if runs and runs[-1][1] is sty:
+                    runs[-1][0] += m.SYMBOLS[k]
+                else:
+                    runs.append([m.SYMBOLS[k], sty])
+        segs.extend(_crop([Segment(t, sty) for t, sty in runs], sx - c0 * cw, gw))
         return Strip(segs, width).crop(0, width)
 
     def _zoomed(self, z: int) -> tuple[np.ndarray, np.ndarray]:
@@ -710,9 +764,9 @@ class ChainPanel(TextPane):
     def show(self, verify: Step | None, byte_level: bool, here: int) -> None:
         """Draw the chains of a verify step's rows."""
         if verify is None:
-            self.update(Text("no verify step in this iteration", style="grey50"))
+            self.update(Lines("no verify step in this iteration", style="grey50"))
             return
-        t = Text()
+        t = Lines()
         t.append(f"verify step {verify.index}" + (" (this step)" if verify.index == here else "") + "\n",
                  style="bold")
         room = max(1, self.size.height - 2) if self.size.height else 8
@@ -740,7 +794,7 @@ class AcceptPanel(TextPane):
 
     def show(self, run_hist: Sequence[int] | None, window_hist: Sequence[int], window: tuple[int, int]) -> None:
         """Draw two columns of per-position bars."""
-        t = Text()
+        t = Lines()
         w = 10
         run_rates = m.accept_by_position(run_hist) if run_hist else []
         win_rates = m.accept_by_position(window_hist)
