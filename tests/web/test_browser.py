@@ -130,6 +130,19 @@ def test_timeline_of_a_plan_stream_trace(browser: object) -> None:
         stats = p.inner_text("#tl-window-stats")
         assert re.search(r"plan hidden under compute\s+\d+\.\d%", stats), stats
         _idle(p)
+        # Click the overview at a late step: the window moves there (past the first steps' warm-up).
+        n = app.dashboard.sources["a"].num_steps()  # type: ignore[attr-defined]
+        target = n - 50
+        x, y = p.evaluate("""(s) => {
+            const gd = document.querySelector('#tl-overview .js-plotly-plot'), fl = gd._fullLayout;
+            const tr = gd.data.find(t => Array.from(t.x).includes(s)), y = tr.y[Array.from(tr.x).indexOf(s)];
+            const box = gd.getBoundingClientRect();
+            return [box.left + fl.xaxis._offset + fl.xaxis.l2p(s), box.top + fl.yaxis._offset + fl.yaxis.l2p(y)];
+        }""", target)
+        p.mouse.click(x, y)
+        lo = max(0, min(target - 50, n - 100))
+        p.wait_for_function(f"() => document.querySelector('#tl-window-stats').innerText.includes('steps {lo}–')")
+        _idle(p)
         _shot(p, "timeline")
         problems = list(watch.problems)
     finally:

@@ -123,17 +123,6 @@ def test_range_slider_moves_the_window(client: object) -> None:
     assert status == 200 and "two step indexes" in texts(out)
 
 
-def test_gantt_click_opens_the_step(client: object) -> None:
-    status, out = call(client, [("url", "pathname"), ("url", "search")],
-                       [("tl-gantt", "clickData", {"points": [{"customdata": [17, "forward", "draft", 3.0]}]}),
-                        ("tl-overlap", "clickData", None)])
-    assert status == 200 and out == ["/step/17", ""]
-    status, out = call(client, [("url", "pathname"), ("url", "search")],
-                       [("tl-gantt", "clickData", {"points": [{"customdata": ["../../x"]}]}),
-                        ("tl-overlap", "clickData", None)])
-    assert status == 204 or out == [NO_UPDATE, NO_UPDATE], out  # nothing changes, nothing breaks
-
-
 def test_violations_poll_completes(client: object) -> None:
     status, out = call(client, [("viol-body", "children"), ("viol-poll", "disabled")],
                        [("viol-poll", "n_intervals", 1)])
@@ -163,7 +152,7 @@ def test_live_poll_follows_a_growing_trace(tmp_path: object) -> None:
     w.flush()
     app = create_app(path)
     c = app.server.test_client()
-    assert "10 steps (live)" in str(app.layout)
+    assert "10 steps (live)" in str(app.layout())
     for s in steps[10:]:
         w.write_step(s)
     w.flush()

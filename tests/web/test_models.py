@@ -50,9 +50,16 @@ def test_step_streams_overlap_and_idle_gaps() -> None:
     assert tot["plan_hidden_share"] == 0.7 and tot["idle_ns"] == 70 and tot["gaps"] == 2
 
 
+def valid(fig: dict) -> object:
+    """The figure dict as plotly's validated `go.Figure` (raises on any property plotly.js does not know)."""
+    import plotly.graph_objects as go
+
+    return go.Figure(fig)
+
+
 @pytest.fixture(scope="module")
 def fault() -> TraceSource:
-    return TraceSource(FAULT, "a")
+    return TraceSource(FAULT, "a", background=False)
 
 
 def test_columns_match_the_reader(fault: TraceSource) -> None:
@@ -163,7 +170,7 @@ def test_heatmap_figure_marks_each_cell_kind(fault: TraceSource) -> None:
         first = min(v.step for v in check_steps(r.steps()) if v.check_id == "I10")
     grid = views.page_grid(fault.step(first))
     assert grid is not None and grid.counts.get(views.CellKind.STALE, 0) > 0
-    fig = figures.heatmap_figure(grid, (1, 2))
+    fig = valid(figures.heatmap_figure(grid, (1, 2)))
     hm = fig.data[0]
     kinds = [figures.KINDS[z] for row in hm.z for z in row]
     assert kinds.count(views.CellKind.STALE) == grid.counts[views.CellKind.STALE]
@@ -184,22 +191,23 @@ def test_heatmap_bins_wide_tables() -> None:
                 start_ns=0, end_ns=1, arrays=(ArraySnapshot("page_table", "int32", (2, cols), 0, pt),
                                               ArraySnapshot("cache_seqlens", "int32", (2,), 0,
                                                             np.array([cols * 16, 16], np.int32))))  # fmt: skip
-    fig = figures.heatmap_figure(views.page_grid(step))
+    fig = valid(figures.heatmap_figure(views.page_grid(step)))
     assert len(fig.data[0].z[0]) <= figures.MAX_HEATMAP_COLS
 
 
 def test_timeline_figures_on_a_plan_stream_trace() -> None:
-    src = TraceSource(PLAN, "a")
+    src = TraceSource(PLAN, "a", background=False)
     spans = src.spans(0, 60)
     rows, gaps = models.step_streams(spans)
-    g = figures.gantt_figure(spans)
+    g = valid(figures.gantt_figure(spans))
     assert sum(len(t.x) for t in g.data) == len(spans)
     assert {t.name for t in g.data} <= {m.value for m in ForwardMode}
-    o = figures.overlap_figure(rows)
+    o = valid(figures.overlap_figure(rows))
     assert len(o.data[-1].x) == len(rows)
-    ov = figures.overview_figure(models.step_durations(src.cols), (0, 60))
+    ov = valid(figures.overview_figure(models.step_durations(src.cols), (0, 60)))
     assert sum(len(t.x) for t in ov.data) == src.num_steps()
-    assert figures.gantt_figure([]).layout.annotations[0].text.startswith("no stream spans")
+    assert ov.layout.shapes[0].x0 == -0.5 and ov.layout.shapes[0].x1 == 59.5
+    assert valid(figures.gantt_figure([])).layout.annotations[0].text.startswith("no stream spans")
 
 
 def test_overview_is_binned_beyond_the_point_budget() -> None:
@@ -211,7 +219,7 @@ def test_overview_is_binned_beyond_the_point_budget() -> None:
         start_ns=np.arange(n) * 1000, end_ns=np.arange(n) * 1000 + 500, num_errors=np.zeros(n, np.int32),
         num_warnings=np.zeros(n, np.int32), accept_hist=np.zeros((n, 1), np.int32),
     )  # fmt: skip
-    fig = figures.overview_figure(models.step_durations(rows))
+    fig = valid(figures.overview_figure(models.step_durations(rows)))
     assert sum(len(t.x) for t in fig.data) <= 3 * models.NUM_BINS
 
 
@@ -219,3 +227,36 @@ def test_samples_exist() -> None:
     import os
 
     assert os.path.exists(FAULT) and os.path.isdir(SAMPLES)
+
+
+def test_acceptance_figures_are_valid_plotly(fault: TraceSource) -> None:
+    stats = {"A": models.acceptance(fault.cols), "B": models.acceptance(fault.cols, 0, len(fault.cols) // 2)}
+    for fig in (figures.by_position_figure(stats), figures.histogram_figure(stats),
+                figures.over_time_figure({"A": models.mean_accept_per_step(fault.cols)}),
+                figures.group_figure({"A": models.acceptance_by_batch_size(fault.cols)}, "t", "batch size"),
+                figures.empty_figure("nothing")):
+        assert len(valid(fig).data) == len(fig["data"])
+
+
+def test_summaries_load_in_the_background_in_chunks() -> None:
+    # A tiny chunk makes the loader take many steps; pages see a growing prefix, then the whole trace.
+    with TraceReader(PLAN) as r:
+        rows = r.summaries()
+    src = TraceSource(PLAN, "a", chunk=7)
+    assert src.num_steps() == len(rows)  # known at once, before any summary is loaded
+    assert src.wait_loaded(timeout=30) and not src.loading() and src.load_error() is None
+    ref = Columns.from_summaries(rows)
+    assert np.array_equal(src.cols.end_ns, ref.end_ns) and np.array_equal(src.cols.accept_hist, ref.accept_hist)
+    assert np.array_equal(src.columns().mode, ref.mode)
+    src.close()
+    assert not src.refresh()  # a closed source answers without touching its reader
+
+
+def test_a_page_built_from_part_of_the_summaries_is_redrawn_once_they_are_in() -> None:
+    src = TraceSource(PLAN, "a", chunk=5)
+    part = src.columns(wait=0.0)
+    partial = len(part) < src.num_steps()
+    assert src.wait_loaded(timeout=30)
+    assert src.refresh() is partial  # redraw only if a page saw the partial columns
+    assert src.refresh() is False
+    src.close()

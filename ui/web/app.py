@@ -35,6 +35,8 @@ header .title{font-weight:700;margin-right:12px} #live-status{margin-left:auto;f
 main{padding:8px 16px} h2{margin:8px 0} h3{margin:12px 0 6px;font-size:15px}
 .muted{color:#777;font-size:13px} .tbl{border-collapse:collapse;font-size:13px;margin:4px 0}
 .tbl th,.tbl td{border:1px solid #ddd;padding:2px 6px;text-align:left;font-variant-numeric:tabular-nums}
+.text-table{font-size:12px;line-height:1.35;margin:4px 0;background:#fff;border:1px solid #ddd;padding:4px 6px;
+ display:inline-block} .text-table .hl{background:#fff59d}
 .tbl thead th{background:#eceff1} .tbl.kv th{background:#f5f5f5;font-weight:600} tr.hl td{background:#fff59d}
 .row{display:flex;gap:24px;flex-wrap:wrap} .col{flex:1;min-width:320px} .col.narrow{flex:0 0 340px}
 .row2{display:grid;grid-template-columns:1fr 1fr;gap:12px}
@@ -66,8 +68,25 @@ document.addEventListener('keydown', function (e) {
 });
 """
 
+# plotly.js (4.8 MB) is what a page waits for longest. Dash's lazy loading fetches it only when the first graph
+# mounts, after the layout and the first callback; preloading it starts the download with the page's other scripts,
+# while the rest of Dash's lazily loaded bundles (markdown, mathjax, date pickers, tables: 4 MB) are never fetched.
+PLOTLY_JS = "_dash-component-suites/plotly/package_data/plotly.min.js"
+# The step of a clicked Gantt bar (customdata[0]) or overlap point (x); anything else changes nothing.
+OPEN_STEP_JS = """
+function (gantt, overlap) {
+  var nu = window.dash_clientside.no_update, ctx = window.dash_clientside.callback_context;
+  var click = ctx && ctx.triggered_id === 'tl-gantt' ? gantt : overlap;
+  var p = click && click.points && click.points[0];
+  if (!p) return [nu, nu];
+  var s = Array.isArray(p.customdata) && p.customdata.length ? p.customdata[0] : p.x;
+  if (typeof s !== 'number' || !Number.isInteger(s) || s < 0) return [nu, nu];
+  return ['/step/' + s, ''];
+}
+"""
 INDEX = """<!DOCTYPE html>
-<html><head>{%metas%}<title>{%title%}</title>{%favicon%}{%css%}<style>""" + CSS + """</style></head>
+<html><head>{%metas%}<title>{%title%}</title>{%favicon%}{%css%}
+<link rel="preload" as="script" href="/""" + PLOTLY_JS + """"><style>""" + CSS + """</style></head>
 <body>{%app_entry%}<footer>{%config%}{%scripts%}{%renderer%}</footer>
 <script>""" + KEYS_JS + """</script></body></html>"""
 
@@ -139,6 +158,10 @@ class Dashboard:
         """True while any trace is still being written."""
         return any(s.is_live() for s in self.sources.values())
 
+    def needs_poll(self) -> bool:
+        """True while a trace is being written or its summaries are still loading (the page polls)."""
+        return any(s.is_live() or s.loading() for s in self.sources.values())
+
     def source(self, key: str) -> TraceSource:
         """The trace with this key (only the ones named on the command line exist)."""
         if key not in self.sources:
@@ -190,7 +213,12 @@ def _nav(d: Dashboard) -> html.Header:
 
 
 def _live_text(d: Dashboard) -> str:
-    parts = [f"{k.upper()}: {s.num_steps()} steps{' (live)' if s.is_live() else ''}" for k, s in d.sources.items()]
+    parts = []
+    for k, s in d.sources.items():
+        text = f"{k.upper()}: {s.num_steps()} steps{' (live)' if s.is_live() else ''}"
+        if s.loading():
+            text += f" (summaries {100 * s.loaded_steps() // max(1, s.num_steps())}% loaded)"
+        parts.append(text)
     return " · ".join(parts)
 
 
@@ -207,15 +235,20 @@ def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms:
     app = Dash(
         "specscope_web", server=server, title="specscope", assets_folder=_NO_ASSETS, include_assets_files=False,
         suppress_callback_exceptions=True, index_string=INDEX, update_title=None, serve_locally=True,
-        enable_mcp=False, use_pages=False, eager_loading=True,  # fetch plotly.js with the page, not after it
+        enable_mcp=False, use_pages=False, eager_loading=False,  # async bundles on demand; plotly.js preloaded
     )  # fmt: skip
-    app.layout = html.Div([
-        dcc.Location(id="url", refresh=False),
-        dcc.Interval(id="live", interval=live_interval_ms, disabled=not d.any_live()),
-        dcc.Store(id="version", data=d.version),
-        _nav(d),
-        html.Main(html.Div(id="page")),
-    ])
+
+    def layout() -> html.Div:
+        # A function: each page load gets the current step count and polls only while something can change.
+        return html.Div([
+            dcc.Location(id="url", refresh=False),
+            dcc.Interval(id="live", interval=live_interval_ms, disabled=not d.needs_poll()),
+            dcc.Store(id="version", data=d.version),
+            _nav(d),
+            html.Main(html.Div(id="page")),
+        ])
+
+    app.layout = layout
     app.dashboard = d  # type: ignore[attr-defined]
     app.server.register_error_handler(Exception, _http_error)
     _register(app, d)
@@ -252,7 +285,7 @@ def _register(app: Dash, d: Dashboard) -> None:
             grew = d.refresh()
         except TraceError as e:
             return no_update, f"cannot read the trace: {e}", True
-        return (d.version if grew else no_update), _live_text(d), not d.any_live()
+        return (d.version if grew else no_update), _live_text(d), not d.needs_poll()
 
     @app.callback(Output("tl-gantt", "figure"), Output("tl-overlap", "figure"), Output("tl-overview", "figure"),
                   Output("tl-stats", "children"), Output("tl-gaps", "children"), Input("tl-range", "value"),
@@ -264,7 +297,7 @@ def _register(app: Dash, d: Dashboard) -> None:
         src = d.source("a")
         n = src.num_steps()
         lo, hi = _int(value[0], "range start", 0, n), _int(value[1], "range end", 0, n)
-        w = pages.timeline_window(src, min(lo, hi), max(lo, hi) + 1)
+        w = pages.timeline_window(src, min(lo, hi), max(lo, hi) + 1, wait=0.0)
         return w["gantt"], w["overlap"], w["overview"], w["stats"], w["gaps"]
 
     @app.callback(Output("tl-range", "value"), Input("tl-overview", "clickData"), State("tl-range", "value"),
@@ -280,15 +313,10 @@ def _register(app: Dash, d: Dashboard) -> None:
         lo = max(0, min(x - width // 2, n - width))
         return [lo, min(n - 1, lo + width - 1)]
 
-    @app.callback(Output("url", "pathname"), Output("url", "search"), Input("tl-gantt", "clickData"),
-                  Input("tl-overlap", "clickData"), prevent_initial_call=True)
-    @_safe(lambda m: (no_update, no_update))
-    def open_step(gantt: object, overlap: object) -> Any:
-        click = gantt if dash.ctx.triggered_id == "tl-gantt" else overlap
-        i = _clicked_step(click)
-        if i >= d.source("a").num_steps():
-            raise InputError(f"no step {i}")
-        return f"/step/{i}", ""
+    # In the browser: a click on a Gantt bar or an overlap point opens its step without a round trip (Dash would
+    # also call a server callback once for nothing when the timeline appears). The step page checks the number.
+    app.clientside_callback(OPEN_STEP_JS, Output("url", "pathname"), Output("url", "search"),
+                            Input("tl-gantt", "clickData"), Input("tl-overlap", "clickData"), prevent_initial_call=True)
 
     @app.callback(Output("step-cell", "children"), Input("step-heatmap", "clickData"), State("step-index", "data"),
                   prevent_initial_call=True)

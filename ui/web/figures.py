@@ -1,11 +1,16 @@
-"""Plotly figures of the dashboard: pure functions from view models (models.py, ui/views.py) to `go.Figure`."""
+"""Plotly figures of the dashboard: pure functions from view models (models.py, ui/views.py) to figure dicts.
+
+Figures are plain `{"data": [...], "layout": {...}}` dicts, the JSON plotly.js draws: building a `go.Figure`
+validates and deep-copies every property (and the template) on each call, which cost more than the rest of a
+step page together. Numbers travel as numpy arrays, which Dash's encoder passes through without walking them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 from specscope.tracer.schema import SpanRow
 from specscope.ui.views import SYMBOLS, AcceptanceStats, CellKind, PageGrid, bin_columns
 
@@ -23,105 +28,129 @@ KINDS = list(CellKind)
 DARK_KINDS = (CellKind.OUT_OF_RANGE, CellKind.STALE, CellKind.SHARED, CellKind.FRESH)  # white text on these
 LANES = ["host", "plan", "compute"]
 MAX_HEATMAP_COLS = 256  # wider page tables are shown binned (views.bin_columns keeps the most notable kind)
+Figure = dict[str, Any]
+
+# The look of plotly's "plotly_white" template, spelled out: sending the template itself would add ~10 KB to
+# every figure.
+_GRID = "#EBF0F8"
+_AXIS = {"gridcolor": _GRID, "linecolor": _GRID, "zerolinecolor": _GRID, "zerolinewidth": 2, "automargin": True,
+         "ticks": "", "title": {"standoff": 15}}
+_COLORWAY = ["#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3f3", "#FF6692", "#B6E880"]
 
 
-def _layout(fig: go.Figure, title: str, height: int = 320, **kw: object) -> go.Figure:
-    kw.setdefault("margin", {"l": 60, "r": 20, "t": 40, "b": 40})
-    fig.update_layout(title={"text": title, "x": 0.01, "font": {"size": 14}}, height=height,
-                      template="plotly_white", legend={"orientation": "h", "y": -0.2}, **kw)
-    return fig
+def axis(title: str | None = None, **kw: Any) -> dict[str, Any]:
+    """An axis in the dashboard's style (`title` as its title text)."""
+    out: dict[str, Any] = {**_AXIS, **kw}
+    if title is not None:
+        out["title"] = {"text": title, "standoff": 15}
+    return out
 
 
-def empty_figure(message: str, height: int = 200) -> go.Figure:
+def _figure(data: list[dict[str, Any]], title: str, height: int = 320, **layout: Any) -> Figure:
+    layout.setdefault("margin", {"l": 60, "r": 20, "t": 62, "b": 40})
+    layout.setdefault("xaxis", axis())
+    layout.setdefault("yaxis", axis())
+    # Title in the top margin's upper half, legend in its lower half just above the plot: a legend below the
+    # plot collides with the x axis title.
+    base = {"title": {"text": title, "x": 0.01, "y": 1.0, "yref": "container", "yanchor": "top", "pad": {"t": 8},
+                      "font": {"size": 14}},
+            "height": height, "paper_bgcolor": "white", "plot_bgcolor": "white", "font": {"color": "#2a3f5f"},
+            "colorway": _COLORWAY, "hovermode": "closest",
+            "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": 1.0, "yanchor": "bottom"}}
+    return {"data": data, "layout": {**base, **layout}}
+
+
+def empty_figure(message: str, height: int = 200) -> Figure:
     """A blank figure that says why it is blank."""
-    fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    return _layout(fig, "", height)
+    return _figure([], "", height, xaxis={"visible": False}, yaxis={"visible": False},
+                   annotations=[{"text": message, "showarrow": False, "x": 0.5, "y": 0.5, "xref": "paper",
+                                 "yref": "paper"}])
 
 
 # -- timeline ------------------------------------------------------------------------------------------------
 
 
-def overview_figure(durations: dict[str, Series], window: tuple[int, int] | None = None) -> go.Figure:
+def overview_figure(durations: dict[str, Series], window: tuple[int, int] | None = None) -> Figure:
     """Host time per step over the whole trace, one colour per mode; binned series show mean with a min–max
-    band. The selected step window is shaded."""
-    fig = go.Figure()
+    band. The selected step window is shaded (the figure's first shape)."""
+    data: list[dict[str, Any]] = []
     binned = any(s.binned for s in durations.values())
     for mode, s in durations.items():
         color = MODE_COLORS.get(mode, "#333")
         if s.binned:
-            fig.add_trace(go.Scatter(x=s.x, y=s.y_max, mode="lines", line={"width": 0, "color": color},
-                                     showlegend=False, hoverinfo="skip", legendgroup=mode))
-            fig.add_trace(go.Scatter(x=s.x, y=s.y_min, mode="lines", line={"width": 0, "color": color},
-                                     fill="tonexty", opacity=0.3, showlegend=False, hoverinfo="skip",
-                                     legendgroup=mode))
-            fig.add_trace(go.Scatter(x=s.x, y=s.y, mode="lines", name=mode, line={"color": color, "width": 1},
-                                     customdata=np.column_stack([s.y_min, s.y_max, s.count]).astype(np.float32),
-                                     legendgroup=mode,
-                                     hovertemplate=f"{mode}<br>step ≈ %{{x:.0f}}<br>mean %{{y:.1f}} µs"
-                                                   "<br>min %{customdata[0]:.1f} · max %{customdata[1]:.1f}"
-                                                   "<br>%{customdata[2]} steps<extra></extra>"))
+            data.append({"type": "scatter", "x": s.x, "y": s.y_max, "mode": "lines", "showlegend": False,
+                         "line": {"width": 0, "color": color}, "hoverinfo": "skip", "legendgroup": mode})
+            data.append({"type": "scatter", "x": s.x, "y": s.y_min, "mode": "lines", "fill": "tonexty",
+                         "line": {"width": 0, "color": color}, "opacity": 0.3, "showlegend": False,
+                         "hoverinfo": "skip", "legendgroup": mode})
+            data.append({"type": "scatter", "x": s.x, "y": s.y, "mode": "lines", "name": mode,
+                         "line": {"color": color, "width": 1}, "legendgroup": mode,
+                         "customdata": np.column_stack([s.y_min, s.y_max, s.count]).astype(np.float32),
+                         "hovertemplate": f"{mode}<br>step ≈ %{{x:.0f}}<br>mean %{{y:.1f}} µs"
+                                          "<br>min %{customdata[0]:.1f} · max %{customdata[1]:.1f}"
+                                          "<br>%{customdata[2]} steps<extra></extra>"})
         else:
-            fig.add_trace(go.Scatter(x=s.x, y=s.y, mode="markers", name=mode, marker={"color": color, "size": 5},
-                                     hovertemplate=f"{mode}<br>step %{{x}}<br>%{{y:.1f}} µs<extra></extra>"))
-    if window is not None:
-        fig.add_vrect(x0=window[0] - 0.5, x1=window[1] - 0.5, fillcolor="#ffd54f", opacity=0.25, line_width=0)
+            data.append({"type": "scatter", "x": s.x, "y": s.y, "mode": "markers", "name": mode,
+                         "marker": {"color": color, "size": 5},
+                         "hovertemplate": f"{mode}<br>step %{{x}}<br>%{{y:.1f}} µs<extra></extra>"})
+    shapes = [] if window is None else [window_shape(window)]
     title = "Host time per step" + (" (binned: mean, min–max band)" if binned else "")
-    fig.update_xaxes(title_text="step")
-    fig.update_yaxes(title_text="µs", rangemode="tozero")
-    return _layout(fig, title, 260)
+    return _figure(data, title, 260, xaxis=axis("step"), yaxis=axis("µs", rangemode="tozero"), shapes=shapes)
 
 
-def gantt_figure(spans: Sequence[SpanRow], highlight_step: int | None = None) -> go.Figure:
+def window_shape(window: tuple[int, int]) -> dict[str, Any]:
+    """The shaded step window [lo, hi) of the overview."""
+    return {"type": "rect", "xref": "x", "yref": "paper", "x0": window[0] - 0.5, "x1": window[1] - 0.5, "y0": 0,
+            "y1": 1, "fillcolor": "#ffd54f", "opacity": 0.25, "line": {"width": 0}, "layer": "below"}
+
+
+def gantt_figure(spans: Sequence[SpanRow], highlight_step: int | None = None) -> Figure:
     """Gantt of plan / compute / host spans (µs from the first span), one bar per span coloured by the mode
     of its step; clicking a bar gives its step in `customdata[0]`."""
     if not spans:
         return empty_figure("no stream spans recorded for these steps", 260)
     t0 = min(s.start_ns for s in spans)
-    fig = go.Figure()
     by_mode: dict[str, list[SpanRow]] = {}
     for s in spans:
         by_mode.setdefault(s.mode.value, []).append(s)
+    data = []
     for mode, rows in by_mode.items():
-        fig.add_trace(go.Bar(
-            orientation="h", y=[s.stream for s in rows], x=[(s.end_ns - s.start_ns) / 1e3 for s in rows],
-            base=[(s.start_ns - t0) / 1e3 for s in rows], name=mode,
-            marker={"color": MODE_COLORS.get(mode, "#333"),
-                    "line": {"width": [2 if s.step == highlight_step else 0 for s in rows], "color": "#000"}},
-            customdata=[[s.step, s.name, s.model, (s.end_ns - s.start_ns) / 1e3] for s in rows],
-            hovertemplate="step %{customdata[0]} (%{customdata[2]} " + mode + ")<br>%{y}: %{customdata[1]}"
-                          "<br>start %{base:.1f} µs, %{customdata[3]:.1f} µs<extra></extra>",
-        ))  # fmt: skip
+        data.append({
+            "type": "bar", "orientation": "h", "y": [s.stream for s in rows],
+            "x": np.array([(s.end_ns - s.start_ns) / 1e3 for s in rows]),
+            "base": np.array([(s.start_ns - t0) / 1e3 for s in rows]), "name": mode,
+            "marker": {"color": MODE_COLORS.get(mode, "#333"),
+                       "line": {"width": [2 if s.step == highlight_step else 0 for s in rows], "color": "#000"}},
+            "customdata": [[s.step, s.name, s.model, (s.end_ns - s.start_ns) / 1e3] for s in rows],
+            "hovertemplate": "step %{customdata[0]} (%{customdata[2]} " + mode + ")<br>%{y}: %{customdata[1]}"
+                             "<br>start %{base:.1f} µs, %{customdata[3]:.1f} µs<extra></extra>",
+        })  # fmt: skip
     lanes = [lane for lane in LANES if any(s.stream == lane for s in spans)]
     lanes += sorted({s.stream for s in spans} - set(lanes))
-    fig.update_yaxes(categoryorder="array", categoryarray=lanes)
-    fig.update_xaxes(title_text="µs from the first span in the window")
-    return _layout(fig, "Streams (click a bar to open its step)", 280, barmode="overlay", bargap=0.35)
+    return _figure(data, "Streams (click a bar to open its step)", 280, barmode="overlay", bargap=0.35,
+                   xaxis=axis("µs from the first span in the window"),
+                   yaxis=axis(categoryorder="array", categoryarray=lanes))
 
 
-def overlap_figure(rows: Sequence[StepStreams]) -> go.Figure:
+def overlap_figure(rows: Sequence[StepStreams]) -> Figure:
     """Per step: share of plan-stream time hidden under compute, and the compute-stream idle gap before it."""
     if not rows:
         return empty_figure("no steps in the window", 220)
-    fig = go.Figure()
+    data = []
     plan = [r for r in rows if r.plan_ns]
     if plan:
-        fig.add_trace(go.Bar(x=[r.step for r in plan], y=[100 * (r.hidden_share or 0) for r in plan],
-                             name="plan hidden under compute (%)", marker_color="#6baed6",
-                             customdata=[[r.plan_ns / 1e3, r.plan_hidden_ns / 1e3] for r in plan],
-                             hovertemplate="step %{x}<br>%{y:.0f}% hidden<br>plan %{customdata[0]:.1f} µs, hidden "
-                                           "%{customdata[1]:.1f} µs<extra></extra>"))
-    fig.add_trace(go.Scatter(x=[r.step for r in rows], y=[r.idle_before_ns / 1e3 for r in rows], yaxis="y2",
-                             mode="lines+markers", name="GPU idle before step (µs)", marker={"size": 4},
-                             line={"color": "#e6550d", "width": 1},
-                             hovertemplate="step %{x}<br>compute idle %{y:.1f} µs before it<extra></extra>"))
-    fig.update_layout(yaxis={"title": "% hidden", "range": [0, 105]},
-                      yaxis2={"title": "idle µs", "overlaying": "y", "side": "right", "rangemode": "tozero"})
-    fig.update_xaxes(title_text="step")
+        data.append({"type": "bar", "x": [r.step for r in plan], "y": [100 * (r.hidden_share or 0) for r in plan],
+                     "name": "plan hidden under compute (%)", "marker": {"color": "#6baed6"},
+                     "customdata": [[r.plan_ns / 1e3, r.plan_hidden_ns / 1e3] for r in plan],
+                     "hovertemplate": "step %{x}<br>%{y:.0f}% hidden<br>plan %{customdata[0]:.1f} µs, hidden "
+                                      "%{customdata[1]:.1f} µs<extra></extra>"})
+    data.append({"type": "scatter", "x": [r.step for r in rows], "y": [r.idle_before_ns / 1e3 for r in rows],
+                 "yaxis": "y2", "mode": "lines+markers", "name": "GPU idle before step (µs)", "marker": {"size": 4},
+                 "line": {"color": "#e6550d", "width": 1},
+                 "hovertemplate": "step %{x}<br>compute idle %{y:.1f} µs before it<extra></extra>"})
     title = "Plan under compute per step" + ("" if plan else " (no plan-stream spans: plan stream off)")
-    return _layout(fig, title, 240)
+    return _figure(data, title, 240, xaxis=axis("step"), yaxis=axis("% hidden", range=[0, 105]),
+                   yaxis2=axis("idle µs", overlaying="y", side="right", rangemode="tozero", showgrid=False))
 
 
 # -- step explorer -------------------------------------------------------------------------------------------
@@ -144,7 +173,7 @@ def _hover(c: object) -> str:
     return text
 
 
-def heatmap_figure(grid: PageGrid, highlight: tuple[int, int | None] | None = None) -> go.Figure:
+def heatmap_figure(grid: PageGrid, highlight: tuple[int, int | None] | None = None) -> Figure:
     """The page table, request (row) × logical page (column), coloured by cell kind with its symbol; hover
     shows the physical page, token range and owner. `highlight` (row, col or None) is outlined.
 
@@ -173,80 +202,79 @@ def heatmap_figure(grid: PageGrid, highlight: tuple[int, int | None] | None = No
     scale = []
     for i, k in enumerate(KINDS):
         scale += [[i / n, KIND_COLORS[k]], [(i + 1) / n, KIND_COLORS[k]]]
-    # numpy arrays: plotly keeps them as they are (and sends numbers packed) instead of checking every element
-    fig = go.Figure(go.Heatmap(
-        z=np.array(z, np.int8), text=np.array(text, dtype=object), hovertext=np.array(hover, dtype=object),
-        texttemplate="%{text}" if not binned and grid.num_cols <= 48 and rows <= 64 else None,
-        customdata=np.array(custom, np.int32), zmin=-0.5, zmax=n - 0.5, colorscale=scale, xgap=1, ygap=1,
-        showscale=False, y=list(range(rows)), x=list(range(len(z[0]) if z else 0)), hovertemplate=template,
-    ))  # fmt: skip
+    width = len(z[0]) if z else 0
+    trace: dict[str, Any] = {
+        "type": "heatmap", "z": np.array(z, np.int8), "hovertext": hover,
+        "customdata": np.array(custom, np.int32), "zmin": -0.5, "zmax": n - 0.5, "colorscale": scale, "xgap": 1,
+        "ygap": 1, "showscale": False, "y": np.arange(rows), "x": np.arange(width), "hovertemplate": template,
+    }  # fmt: skip
+    if not binned and grid.num_cols <= 48 and rows <= 64:  # cells big enough to print page number and symbol
+        trace["text"] = text
+        trace["texttemplate"] = "%{text}"
+    shapes = []
     if highlight is not None:
         r, c = highlight
-        x0, x1 = (-0.5, len(z[0]) - 0.5) if c is None or binned else (c - 0.5, c + 0.5)
-        fig.add_shape(type="rect", x0=x0, x1=x1, y0=r - 0.5, y1=r + 0.5, line={"color": "#000", "width": 3})
-    fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=list(range(rows)), ticktext=grid.row_labels,
-                     title_text="batch row")
-    fig.update_xaxes(title_text="logical page" + (" (binned)" if binned else ""), side="top")
+        x0, x1 = (-0.5, width - 0.5) if c is None or binned else (c - 0.5, c + 0.5)
+        shapes.append({"type": "rect", "xref": "x", "yref": "y", "x0": x0, "x1": x1, "y0": r - 0.5, "y1": r + 0.5,
+                       "line": {"color": "#000", "width": 3}})
     height = max(180, min(900, 60 + 26 * rows))
     title = f"Page table: {grid.batch_size} live rows of {rows}, {grid.num_cols} of {grid.full_cols} columns recorded"
-    return _layout(fig, title, height, margin={"l": 70, "r": 20, "t": 70, "b": 20})
+    return _figure([trace], title, height, margin={"l": 70, "r": 20, "t": 70, "b": 20}, shapes=shapes,
+                   yaxis=axis("batch row", autorange="reversed", tickmode="array", tickvals=list(range(rows)),
+                              ticktext=list(grid.row_labels)),
+                   xaxis=axis("logical page" + (" (binned)" if binned else ""), side="top"))
 
 
 # -- acceptance ----------------------------------------------------------------------------------------------
 
 
-def by_position_figure(stats: dict[str, AcceptanceStats]) -> go.Figure:
+def by_position_figure(stats: dict[str, AcceptanceStats]) -> Figure:
     """Acceptance rate by draft position, one bar group per trace."""
-    fig = go.Figure()
-    for name, s in stats.items():
-        fig.add_trace(go.Bar(x=list(range(len(s.by_position))), y=[100 * r for r in s.by_position], name=name,
-                             hovertemplate="draft token %{x}<br>%{y:.1f}% accepted<extra>" + name + "</extra>"))
-    fig.update_xaxes(title_text="draft position", dtick=1)
-    fig.update_yaxes(title_text="% of verify rows", range=[0, 100])
-    return _layout(fig, "Acceptance by draft position", 280)
+    data = [{"type": "bar", "x": list(range(len(s.by_position))), "y": [100 * r for r in s.by_position], "name": name,
+             "hovertemplate": "draft token %{x}<br>%{y:.1f}% accepted<extra>" + name + "</extra>"}
+            for name, s in stats.items()]
+    return _figure(data, "Acceptance by draft position", 280, xaxis=axis("draft position", dtick=1),
+                   yaxis=axis("% of verify rows", range=[0, 100]))
 
 
-def histogram_figure(stats: dict[str, AcceptanceStats]) -> go.Figure:
+def histogram_figure(stats: dict[str, AcceptanceStats]) -> Figure:
     """Accept-length histogram (share of verify rows), one bar group per trace."""
-    fig = go.Figure()
+    data = []
     for name, s in stats.items():
         total = sum(s.histogram) or 1
-        fig.add_trace(go.Bar(x=list(range(len(s.histogram))), y=[100 * c / total for c in s.histogram], name=name,
-                             customdata=s.histogram,
-                             hovertemplate="accept length %{x}<br>%{y:.1f}% (%{customdata} rows)<extra>" + name
-                                           + "</extra>"))
-    fig.update_xaxes(title_text="accept length (bonus included)", dtick=1)
-    fig.update_yaxes(title_text="% of verify rows")
-    return _layout(fig, "Accept-length histogram", 280)
+        data.append({"type": "bar", "x": list(range(len(s.histogram))), "y": [100 * c / total for c in s.histogram],
+                     "name": name, "customdata": list(s.histogram),
+                     "hovertemplate": "accept length %{x}<br>%{y:.1f}% (%{customdata} rows)<extra>" + name
+                                      + "</extra>"})
+    return _figure(data, "Accept-length histogram", 280, xaxis=axis("accept length (bonus included)", dtick=1),
+                   yaxis=axis("% of verify rows"))
 
 
-def over_time_figure(series: dict[str, Series]) -> go.Figure:
+def over_time_figure(series: dict[str, Series]) -> Figure:
     """Mean accept length per verify step over the trace (binned: mean with min–max band)."""
-    fig = go.Figure()
-    for name, s in series.items():
+    data: list[dict[str, Any]] = []
+    for k, (name, s) in enumerate(series.items()):
+        color = _COLORWAY[k % len(_COLORWAY)]
         if s.binned:
-            fig.add_trace(go.Scatter(x=s.x, y=s.y_max, mode="lines", line={"width": 0}, showlegend=False,
-                                     hoverinfo="skip"))
-            fig.add_trace(go.Scatter(x=s.x, y=s.y_min, mode="lines", line={"width": 0}, fill="tonexty",
-                                     opacity=0.3, showlegend=False, hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=s.x, y=s.y, mode="lines" if s.binned else "lines+markers", name=name,
-                                 marker={"size": 4},
-                                 hovertemplate="step %{x:.0f}<br>mean accept length %{y:.2f}<extra>" + name
-                                               + "</extra>"))
-    fig.update_xaxes(title_text="step")
-    fig.update_yaxes(title_text="mean accept length", rangemode="tozero")
+            data.append({"type": "scatter", "x": s.x, "y": s.y_max, "mode": "lines", "showlegend": False,
+                         "line": {"width": 0, "color": color}, "hoverinfo": "skip"})
+            data.append({"type": "scatter", "x": s.x, "y": s.y_min, "mode": "lines", "fill": "tonexty",
+                         "line": {"width": 0, "color": color}, "opacity": 0.3, "showlegend": False,
+                         "hoverinfo": "skip"})
+        data.append({"type": "scatter", "x": s.x, "y": s.y, "mode": "lines" if s.binned else "lines+markers",
+                     "name": name, "marker": {"size": 4, "color": color}, "line": {"color": color},
+                     "hovertemplate": "step %{x:.0f}<br>mean accept length %{y:.2f}<extra>" + name + "</extra>"})
     binned = any(s.binned for s in series.values())
-    return _layout(fig, "Acceptance over time" + (" (binned)" if binned else ""), 260)
+    return _figure(data, "Acceptance over time" + (" (binned)" if binned else ""), 260, xaxis=axis("step"),
+                   yaxis=axis("mean accept length", rangemode="tozero"))
 
 
-def group_figure(rows: dict[str, Sequence[GroupRow]], title: str, xtitle: str) -> go.Figure:
+def group_figure(rows: dict[str, Sequence[GroupRow]], title: str, xtitle: str) -> Figure:
     """Mean accept length per group (batch size or request), one bar group per trace."""
-    fig = go.Figure()
-    for name, rs in rows.items():
-        fig.add_trace(go.Bar(x=[r.key for r in rs], y=[r.mean_accept_length for r in rs], name=name,
-                             customdata=[[r.steps, r.rows] for r in rs],
-                             hovertemplate=xtitle + " %{x}<br>mean accept length %{y:.2f}<br>%{customdata[0]} steps, "
-                                           "%{customdata[1]} rows<extra>" + name + "</extra>"))
-    fig.update_xaxes(title_text=xtitle, type="category")
-    fig.update_yaxes(title_text="mean accept length", rangemode="tozero")
-    return _layout(fig, title, 260)
+    data = [{"type": "bar", "x": [r.key for r in rs], "y": [r.mean_accept_length for r in rs], "name": name,
+             "customdata": [[r.steps, r.rows] for r in rs],
+             "hovertemplate": xtitle + " %{x}<br>mean accept length %{y:.2f}<br>%{customdata[0]} steps, "
+                                       "%{customdata[1]} rows<extra>" + name + "</extra>"}
+            for name, rs in rows.items()]
+    return _figure(data, title, 260, xaxis=axis(xtitle, type="category"),
+                   yaxis=axis("mean accept length", rangemode="tozero"))

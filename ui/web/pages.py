@@ -12,11 +12,12 @@ from specscope.ui import views
 
 from . import figures, models
 from .routes import step_href
-from .source import TraceSource
+from .source import WAIT_S, TraceSource
 
 DEFAULT_WINDOW = 100  # steps in the timeline's first window
 MAX_WINDOW = 300  # steps whose spans one Gantt shows (the spans of a window are decoded on demand)
 GRAPH_CONFIG = {"displaylogo": False, "responsive": True}
+MAX_CHAINS = 16  # draft chains drawn as token chips (the highlighted row's too); the request table has them all
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, id: str | None = None,
@@ -27,6 +28,21 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, id: str | 
                        for i, r in enumerate(rows)])
     kw = {"id": id} if id else {}
     return html.Table([head, body], className=f"tbl {cls}".strip(), **kw)
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, id: str | None = None,
+               highlight: int | None = None) -> html.Pre:
+    """A numeric table as aligned monospace text: one component instead of one per cell (a 64-row batch would
+    otherwise cost the browser ~500 elements to build on every step); row `highlight` is marked."""
+    cells = [[str(h) for h in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[j]) for r in cells if j < len(r)) for j in range(len(header))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=False)) for r in cells]
+    kw = {"id": id} if id else {}
+    if highlight is None or not 0 <= highlight < len(rows):
+        return html.Pre("\n".join(lines) + "\n", className="text-table", **kw)
+    k = highlight + 1
+    return html.Pre(["\n".join(lines[:k]) + "\n", html.Span(lines[k], className="hl"),
+                     "\n" + "\n".join(lines[k + 1:]) + "\n"], className="text-table", **kw)
 
 
 def kv_table(rows: Sequence[tuple[str, str]], id: str | None = None) -> html.Table:
@@ -73,8 +89,23 @@ def clamp_window(lo: int, hi: int, n: int) -> tuple[int, int, bool]:
     return lo, (lo + MAX_WINDOW if cut else hi), cut
 
 
-def timeline_window(src: TraceSource, lo: int, hi: int) -> dict[str, object]:
-    """Figures and texts of the timeline for the step window [lo, hi)."""
+def loading_note(*sources: TraceSource) -> list[html.Div]:
+    """A banner while some trace's summaries are still loading (the page refreshes itself when they are in)."""
+    out = []
+    for src in sources:
+        err = src.load_error()
+        if err:
+            out.append(html.Div(f"{src.key.upper()}: step summaries stopped loading after {src.loaded_steps():,} of "
+                                f"{src.num_steps():,} steps: {err}", className="banner", id=f"loading-{src.key}"))
+        elif src.loading():
+            out.append(html.Div(f"{src.key.upper()}: step summaries of {src.loaded_steps():,} of {src.num_steps():,} "
+                                "steps loaded so far; this page redraws when the rest is in",
+                                className="banner", id=f"loading-{src.key}"))
+    return out
+
+
+def timeline_window(src: TraceSource, lo: int, hi: int, wait: float = WAIT_S) -> dict[str, object]:
+    """Figures and texts of the timeline for the step window [lo, hi) (`wait`: for summaries still loading)."""
     n = src.num_steps()
     lo, hi, cut = clamp_window(lo, hi, n)
     spans = src.spans(lo, hi)
@@ -95,7 +126,7 @@ def timeline_window(src: TraceSource, lo: int, hi: int) -> dict[str, object]:
     return {
         "gantt": figures.gantt_figure(spans),
         "overlap": figures.overlap_figure(rows),
-        "overview": figures.overview_figure(models.step_durations(src.cols), (lo, hi)),
+        "overview": figures.overview_figure(models.step_durations(src.columns(wait)), (lo, hi)),
         "stats": kv_table(stats, id="tl-window-stats"),
         "gaps": table(["largest idle gaps (steps)", "idle"], gap_rows) if gap_rows else html.P("no compute idle gaps"),
     }
@@ -112,6 +143,7 @@ def timeline_page(src: TraceSource) -> html.Div:
     return html.Div([
         html.H2("Timeline"),
         html.P(_trace_line(src), className="muted"),
+        *loading_note(src),
         graph("tl-overview", w["overview"]),
         html.Div([
             html.Label("step range"),
@@ -141,7 +173,8 @@ def _draft_chain(step: Step, reqs: Sequence[views.RequestView], fmt: object, hig
         return html.P(f"{step.mode.value}: no draft chain (drafts are verified in TARGET_VERIFY steps)",
                       className="muted")
     blocks = []
-    for r in reqs:
+    shown = [r for k, r in enumerate(reqs) if k < MAX_CHAINS or r.row == highlight]
+    for r in shown:
         chips = [html.Span("root", className="tok root")]
         for j, (t, ok) in enumerate(zip(r.draft_tokens, r.draft_accepted, strict=False)):
             chips.append(html.Span(fmt([t]), className="tok " + ("acc" if ok else "rej"),  # type: ignore[operator]
@@ -152,6 +185,9 @@ def _draft_chain(step: Step, reqs: Sequence[views.RequestView], fmt: object, hig
         blocks.append(html.Div([html.Span(f"r{r.request_id}", className="chain-label"), *chips,
                                 html.Span(f"accept length {r.accept_length}", className="muted")],
                                className="chain" + (" hl" if r.row == highlight else "")))
+    if len(shown) < len(reqs):
+        blocks.append(html.P(f"… {len(reqs) - len(shown)} more rows: their drafts and accepted tokens are in the "
+                             "request table", className="muted"))
     return html.Div(blocks, id="draft-chain")
 
 
@@ -216,8 +252,8 @@ def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Di
                                                                                                  b)))
         seq_rows.append(("end", "", "", _at(grid.cu_seqlens_q, len(grid.cells)), _at(grid.cu_seqlens_k,
                                                                                       len(grid.cells)), "", ""))
-        seqs = table(["row", "", "cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "seq_lens", "req_pool_indices"],
-                     seq_rows, id="seqlens-table", highlight=hl)
+        seqs = text_table(["row", "", "cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "seq_lens",
+                           "req_pool_indices"], seq_rows, id="seqlens-table", highlight=hl)
         grid_block = [heat, legend, html.Div("click a cell for its details", id="step-cell", className="cell-detail")]
     else:
         grid_block = [html.P("this step recorded no page table", className="muted")]
@@ -295,7 +331,7 @@ def acceptance_stats_rows(stats: dict[str, views.AcceptanceStats]) -> tuple[list
 
 def per_request(src: TraceSource) -> tuple[list[models.GroupRow], str]:
     """Mean accept length per request, from (at most MAX_REQUEST_SCAN of the latest) verify steps."""
-    idx = [int(i) for i in models.verify_mask(src.cols).nonzero()[0]]
+    idx = [int(i) for i in models.verify_mask(src.columns()).nonzero()[0]]
     note = ""
     if len(idx) > MAX_REQUEST_SCAN:
         note = f" (the last {MAX_REQUEST_SCAN} of {len(idx)} verify steps)"
@@ -308,9 +344,12 @@ def per_request(src: TraceSource) -> tuple[list[models.GroupRow], str]:
 def acceptance_page(sources: dict[str, TraceSource]) -> html.Div:
     """Acceptance: statistics, rate by draft position, histogram, over time, against batch size, per request."""
     names = {k: _name(s) for k, s in sources.items()}
-    stats = {names[k]: models.acceptance(s.cols) for k, s in sources.items()}
+    cols = {k: s.columns() for k, s in sources.items()}
+    stats = {names[k]: models.acceptance(cols[k]) for k in sources}
+    note = loading_note(*sources.values())
     if not any(s.verify_steps for s in stats.values()):
-        return html.Div([html.H2("Acceptance"), html.P("no TARGET_VERIFY steps in this trace", id="acc-empty")])
+        empty = "no TARGET_VERIFY steps loaded yet" if note else "no TARGET_VERIFY steps in this trace"
+        return html.Div([html.H2("Acceptance"), *note, html.P(empty, id="acc-empty")])
     head, rows = acceptance_stats_rows(stats)
     req = {}
     notes = []
@@ -320,15 +359,15 @@ def acceptance_page(sources: dict[str, TraceSource]) -> html.Div:
         if note:
             notes.append(names[k] + note)
     return html.Div([
-        html.H2("Acceptance"),
+        html.H2("Acceptance"), *note,
         table(head, rows, id="acc-stats"),
         html.Div([graph("acc-position", figures.by_position_figure(stats)),
                   graph("acc-hist", figures.histogram_figure(stats))], className="row2"),
-        graph("acc-time", figures.over_time_figure({names[k]: models.mean_accept_per_step(s.cols)
-                                                    for k, s in sources.items()})),
+        graph("acc-time", figures.over_time_figure({names[k]: models.mean_accept_per_step(cols[k])
+                                                    for k in sources})),
         html.Div([
-            graph("acc-bs", figures.group_figure({names[k]: models.acceptance_by_batch_size(s.cols)
-                                                  for k, s in sources.items()}, "Against batch size", "batch size")),
+            graph("acc-bs", figures.group_figure({names[k]: models.acceptance_by_batch_size(cols[k])
+                                                  for k in sources}, "Against batch size", "batch size")),
             graph("acc-request", figures.group_figure(req, "Per request" + ("; ".join(notes) and " — "
                                                                              + "; ".join(notes)), "request")),
         ], className="row2"),
@@ -453,16 +492,17 @@ def compare_page(a: TraceSource, b: TraceSource | None, report: object | None) -
     if o["differing"]:
         f = o["differing"][0]
         outputs += f"; first difference: request {f['request_id']} at output token {f['position']}"
-    stats = {na: models.acceptance(a.cols), nb: models.acceptance(b.cols)}
+    ca, cb = a.columns(), b.columns()
+    stats = {na: models.acceptance(ca), nb: models.acceptance(cb)}
     h, rows = acceptance_stats_rows(stats)
     return html.Div([
-        html.H2("Compare"), kv_table(faults, id="cmp-traces"),
+        html.H2("Compare"), *loading_note(a, b), kv_table(faults, id="cmp-traces"),
         html.P(rep.headline, id="cmp-verdict", className="banner"),  # type: ignore[attr-defined]
         html.P(note + " · " + outputs, className="muted"),
         *blocks,
         html.H3("Acceptance"), table(h, rows, id="cmp-acc"),
         html.Div([graph("cmp-position", figures.by_position_figure(stats)),
                   graph("cmp-hist", figures.histogram_figure(stats))], className="row2"),
-        graph("cmp-time", figures.over_time_figure({na: models.mean_accept_per_step(a.cols),
-                                                    nb: models.mean_accept_per_step(b.cols)})),
+        graph("cmp-time", figures.over_time_figure({na: models.mean_accept_per_step(ca),
+                                                    nb: models.mean_accept_per_step(cb)})),
     ], id="compare-page")

@@ -1,8 +1,10 @@
 """One trace as the dashboard sees it: the reader, summary columns kept in numpy, a small step cache, violations.
 
 The app holds one `TraceSource` per trace named on the command line and never opens any other file. Summary
-columns are loaded once (and extended when a live trace grows), so figures over 100k steps are numpy work, not
-queries; step bodies are decoded only for the steps a page shows.
+columns are loaded in the background, in chunks, by a loader thread with a reader of its own (so opening a 100k-step
+trace is instant and a step page never waits behind the load), and extended when a live trace grows; figures over
+the whole trace are numpy work over those columns, not queries. Step bodies are decoded only for the steps a page
+shows.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 import numpy as np
+from specscope.tracer.errors import TraceError
 from specscope.tracer.schema import ForwardMode, GraphPhase, Severity, Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
 
@@ -19,6 +22,8 @@ MODES: tuple[str, ...] = tuple(m.value for m in ForwardMode)
 GRAPHS: tuple[str, ...] = tuple(g.value for g in GraphPhase)
 MAX_ACCEPT = 64  # accept-length histogram columns kept per step (K is a handful in practice)
 _STEP_CACHE = 64
+LOAD_CHUNK = 8192  # summary rows the loader reads per query (a few hundred ms of work on a slow machine)
+WAIT_S = 0.5  # how long a page waits for summaries still loading (a small trace is complete well before)
 CONTEXT_STEPS = 24  # steps (a few iterations) the per-step checker replays before the step it judges
 
 
@@ -96,50 +101,147 @@ class ViolationState:
 
 
 class TraceSource:
-    """A trace named on the command line, opened read-only; thread-safe (Dash serves callbacks on threads)."""
+    """A trace named on the command line, opened read-only; thread-safe (Dash serves callbacks on threads).
 
-    def __init__(self, path: str, key: str) -> None:
+    `num_steps()` is what the trace holds now (counted by the reader); `cols` is the prefix of it whose summary
+    rows are loaded so far. Pages that summarize the whole trace take `columns()`, which waits briefly for the
+    loader and says how far it got; the step explorer needs no summaries at all."""
+
+    def __init__(self, path: str, key: str, *, background: bool = True, chunk: int = LOAD_CHUNK) -> None:
         self.key = key
         self.reader = TraceReader(path)
-        self.path = self.reader.path
+        self.path = self.reader.path  # a bundle's private trace.db copy: the loader opens the same file
         self.run = self.reader.run
         self._lock = threading.RLock()
         self._steps: collections.OrderedDict[int, Step] = collections.OrderedDict()
         self.cols = Columns()
-        self._closed = False
+        self._reader_closed = False
+        self._n = self.reader.num_steps()
+        self._closed = self.reader.is_closed()
+        self._chunk = max(1, int(chunk))
+        self._cv = threading.Condition()  # guards cols / _n / _stop / _load_error for the loader
+        self._stop = False
+        self._load_error: str | None = None
+        self._partial_served = False  # a page was built from an incomplete prefix: refresh() says so once done
+        self._loader: threading.Thread | None = None
         self._checker_lock = threading.Lock()
         self._checker: object | None = None
         self._checked: list[Violation] = []
         self._checked_steps = 0
         self._window: tuple[object, int] | None = None  # (checker, last step fed) of the per-step checks
-        self.refresh()
+        if background:
+            self._loader = threading.Thread(target=self._load_loop, name=f"specscope-web-load-{key}", daemon=True)
+            self._loader.start()
+        else:
+            with self._lock:
+                self._load_with(self.reader, self._n)
 
     # -- summaries ------------------------------------------------------------------------------
 
+    def _append(self, rows: list[StepSummary], have: int) -> None:
+        more = Columns.from_summaries(rows)
+        with self._cv:
+            self.cols = more if have == 0 else self.cols.extend(more)
+            self._cv.notify_all()
+
+    def _load_with(self, reader: TraceReader, want: int) -> None:
+        """Load summary rows up to `want` in chunks (the caller holds whatever lock `reader` needs)."""
+        while len(self.cols) < want:
+            have = len(self.cols)
+            rows = reader.summaries(have, min(want, have + self._chunk))
+            if not rows:
+                raise TraceError(f"has no summary rows from step {have} on ({want} steps counted)", self.path)
+            self._append(rows, have)
+
+    def _load_loop(self) -> None:
+        # The loader's own reader: SQLite reads on a second connection do not queue behind the page's queries.
+        reader: TraceReader | None = None
+        try:
+            while True:
+                with self._cv:
+                    while not self._stop and len(self.cols) >= self._n:
+                        self._cv.wait()
+                    if self._stop:
+                        return
+                    have, want = len(self.cols), min(self._n, len(self.cols) + self._chunk)
+                if reader is None:
+                    reader = TraceReader(self.path)
+                rows = reader.summaries(have, want)
+                if not rows:
+                    raise TraceError(f"has no summary rows from step {have} on ({want} steps counted)", self.path)
+                self._append(rows, have)
+        except TraceError as e:
+            with self._cv:
+                self._load_error = str(e)
+                self._cv.notify_all()
+        except Exception as e:  # noqa: BLE001 - a dying loader must leave a reason, not a silent half-load
+            with self._cv:
+                self._load_error = f"loading step summaries failed ({type(e).__name__}: {e})"
+                self._cv.notify_all()
+        finally:
+            if reader is not None:
+                reader.close()
+
+    def columns(self, wait: float = WAIT_S) -> Columns:
+        """The summary columns loaded so far, after waiting up to `wait` seconds for the rest."""
+        with self._cv:
+            self._cv.wait_for(lambda: len(self.cols) >= self._n or self._load_error is not None or self._stop,
+                              timeout=max(0.0, wait))
+            cols = self.cols
+            if len(cols) < self._n:
+                self._partial_served = True
+            return cols
+
+    def loading(self) -> bool:
+        """True while summary rows are still being loaded (and the loader has not failed)."""
+        with self._cv:
+            return len(self.cols) < self._n and self._load_error is None and not self._stop
+
+    def load_error(self) -> str | None:
+        """Why loading the summaries stopped, if it failed."""
+        return self._load_error
+
+    def loaded_steps(self) -> int:
+        """Steps whose summary rows are loaded."""
+        return len(self.cols)
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Block until every counted step's summary is loaded (or loading failed); True when complete."""
+        with self._cv:
+            self._cv.wait_for(lambda: len(self.cols) >= self._n or self._load_error is not None or self._stop,
+                              timeout=timeout)
+            return len(self.cols) >= self._n
+
     def refresh(self) -> bool:
-        """Load summary rows committed since the last call; True when the trace grew."""
+        """Count the steps committed since the last call (the loader fetches their summaries); True when the
+        trace grew, or when loading finished after a page was built from part of it."""
         with self._lock:
-            if self._closed:
+            if self._reader_closed:
                 return False
             n = self.reader.num_steps()
-            have = len(self.cols)
-            grew = False
-            if n > have:
-                rows = self.reader.summaries(have, n)
-                if rows:
-                    more = Columns.from_summaries(rows)
-                    self.cols = more if have == 0 else self.cols.extend(more)
-                    grew = True
-            self._closed = self.reader.is_closed()
-            return grew
+            closed = self.reader.is_closed()
+        with self._cv:
+            grew = n > self._n
+            self._n = max(self._n, n)
+            self._closed = closed
+            self._cv.notify_all()  # the loader fetches the new rows
+        if self._loader is None and len(self.cols) < self._n:
+            with self._lock:
+                self._load_with(self.reader, self._n)
+        with self._cv:
+            done = len(self.cols) >= self._n
+            finished = done and self._partial_served
+            if done:
+                self._partial_served = False
+        return grew or finished
 
     def locked(self) -> threading.RLock:
         """The lock to hold while using `reader` directly (a context manager)."""
         return self._lock
 
     def num_steps(self) -> int:
-        """Steps loaded so far (what every page shows)."""
-        return len(self.cols)
+        """Steps the trace holds (as of the last refresh)."""
+        return self._n
 
     def is_live(self) -> bool:
         """True while the writer has not closed the trace."""
@@ -241,8 +343,14 @@ class TraceSource:
             return ViolationState(tuple(self._checked), self._checked_steps, n, "dashboard")
 
     def close(self) -> None:
-        """Close the reader."""
+        """Stop the loader and close the reader."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._loader is not None and self._loader is not threading.current_thread():
+            self._loader.join(timeout=5)
         with self._lock:
+            self._reader_closed = True
             self.reader.close()
 
 
