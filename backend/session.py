@@ -59,17 +59,48 @@ def select_kernels(cfg: EngineConfig) -> Any:
     return make_flashinfer_kernels(torch.device(cfg.device), prefill=cfg.prefill_kernel)
 
 
-def _git_commit() -> str | None:
+_SOURCE_DIR = Path(__file__).resolve().parent  # the specscope checkout a run's git commit and dirty flag describe
+
+
+def _quiet(cmd: list[str], cwd: Path | None = None, timeout: float = 5.0) -> str | None:
+    """stdout of `cmd`, or None when it is missing, fails or hangs (never a traceback: git or nvidia-smi may be
+    absent)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
+    return out.stdout if out.returncode == 0 else None
 
 
-def _versions() -> dict[str, str]:
+def _git_commit(cwd: Path = _SOURCE_DIR) -> str | None:
+    out = _quiet(["git", "rev-parse", "HEAD"], cwd)
+    return (out or "").strip() or None
+
+
+def git_dirty(cwd: Path = _SOURCE_DIR) -> str | None:
+    """"true" when the git tree at `cwd` has uncommitted changes (untracked files count), "false" when clean,
+    None when there is no git or no repository."""
+    out = _quiet(["git", "status", "--porcelain"], cwd)
+    return None if out is None else ("true" if out.strip() else "false")
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver version nvidia-smi reports (the first GPU's; all GPUs of a host share one), or None."""
+    out = _quiet(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=10.0)
+    lines = [x.strip() for x in (out or "").splitlines() if x.strip()]
+    return lines[0] if lines else None
+
+
+def _versions(dev: torch.device | None = None) -> dict[str, str]:
     v = {"python": platform.python_version(), "torch": torch.__version__}
+    dirty = git_dirty()
+    if dirty is not None:
+        v["git_dirty"] = dirty  # bug-report bundles name it beside the git commit (tracer/export/bundle.py)
+    if dev is not None and dev.type == "cuda":
+        driver = nvidia_driver()
+        if driver is not None:
+            v["nvidia_driver"] = driver
     try:
         from importlib.metadata import version
 
@@ -128,7 +159,7 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
     if trace_path:
         info = RunInfo(command=command, config=cfg.to_dict(), target_model=str(cfg.model),
                        draft_model=str(cfg.draft) if cfg.spec_steps else None, device=device_name,
-                       device_capability=cap, attention_kernel=kernels.name, versions=_versions(),
+                       device_capability=cap, attention_kernel=kernels.name, versions=_versions(dev),
                        git_commit=_git_commit(), start_ns=time.time_ns(), hostname=socket.gethostname())
         writer = ProcessTraceWriter(trace_path, info, overwrite=overwrite, check=check)
         recorder = Recorder(writer, dev)

@@ -1,0 +1,79 @@
+"""The environment a run records for bug-report bundles: whether the git tree was dirty, the NVIDIA driver."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from specscope.backend.session import _git_commit, _versions, git_dirty, nvidia_driver
+from specscope.tracer.export.bundle import environment
+from specscope.tracer.store import TraceReader
+from test_export_common import FAULT, recorded
+
+REPO = Path(__file__).resolve().parents[2]
+GIT = shutil.which("git")
+
+
+def git(repo: Path, *args: str) -> None:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, env=env)
+
+
+@pytest.mark.skipif(GIT is None, reason="needs git")
+def test_git_dirty_in_a_temporary_repository(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "a.py").write_text("x = 1\n")
+    git(repo, "add", "a.py")
+    git(repo, "commit", "-q", "-m", "one")
+    assert git_dirty(repo) == "false" and _git_commit(repo) is not None
+    (repo / "a.py").write_text("x = 2\n")  # a modified tracked file
+    assert git_dirty(repo) == "true"
+    git(repo, "commit", "-q", "-am", "two")
+    assert git_dirty(repo) == "false"
+    (repo / "new.py").write_text("")  # an untracked file also makes the run not reproducible from the commit
+    assert git_dirty(repo) == "true"
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert git_dirty(plain) is None and _git_commit(plain) is None  # not a repository: unknown, not "clean"
+
+
+def test_no_git_and_no_nvidia_smi_mean_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither git nor nvidia-smi can be found
+    assert git_dirty() is None and _git_commit() is None and nvidia_driver() is None
+    v = _versions(torch.device("cpu"))
+    assert "git_dirty" not in v and "nvidia_driver" not in v and v["torch"] == torch.__version__
+    assert capsys.readouterr().err == ""  # quietly: no traceback, no git noise
+
+
+def test_nvidia_driver_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # This CI host has no GPU, so a stand-in nvidia-smi prints what the real one prints for two GPUs.
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --query-gpu=driver_version ] && printf '570.86.15\\n570.86.15\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert nvidia_driver() == "570.86.15"
+    assert "nvidia_driver" not in _versions(torch.device("cpu"))  # a CPU run names no driver
+    assert _versions(torch.device("cuda"))["nvidia_driver"] == "570.86.15"
+    fake.write_text("#!/bin/sh\nexit 9\n")  # nvidia-smi that fails (no driver loaded)
+    assert nvidia_driver() is None
+
+
+def test_a_recorded_run_carries_the_dirty_flag(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A real CPU run records versions['git_dirty'] for its checkout, and bundles no longer report it missing."""
+    path = recorded(tmp_path_factory, "fault", FAULT)
+    with TraceReader(path) as r:
+        v = r.run.versions
+        env = environment(r)
+    want = git_dirty(REPO / "backend")
+    assert v.get("git_dirty") == want
+    if want is not None:
+        assert env["git_dirty"] == want and not any("dirty" in m for m in env["not_recorded"])
+    assert env["nvidia_driver"] is None and not any("driver" in m for m in env["not_recorded"])  # a CPU run
