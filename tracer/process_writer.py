@@ -18,6 +18,7 @@ step and keeps its summary in `check_result`.
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import select
@@ -30,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
+import msgspec
 import numpy as np
 
 from . import tables
@@ -151,11 +153,163 @@ def raw_from_step(step: Step) -> dict[str, Any]:
                 errors=[e.to_dict() for e in step.errors], faults_fired=list(step.faults_fired))
 
 
+# -- the pipe's step frames ---------------------------------------------------------------------------------
+#
+# A step crosses the pipe as one binary frame, not a pickle: `S`, u32 length of a msgpack head, the head, then
+# the step's numbers as raw little-endian buffers, each at an 8-byte aligned offset of the frame. The head holds
+# the header, spans, waits, errors, faults, violations and, per buffer, where it lies and what it is. The child
+# turns the request columns straight into the [fields, n] table the body stores and the arrays into zero-copy
+# numpy views, so no per-request Python object is ever made there (unpickling lists of ints and numpy arrays
+# was the child's largest single cost). Anything the frame cannot carry as it is (a non-numeric array, an int
+# beyond int64, a ragged column) goes as a pickle, as before, and meets the same checks in the child.
+
+FAST_STEP = b"S"
+_HEAD_LEN = struct.Struct("<I")
+_ALIGN = 8
+_NUMERIC_KINDS = "biufc"
+_head_encoder = msgspec.msgpack.Encoder(enc_hook=lambda o: o.item() if isinstance(o, np.generic) else _no_hook(o))
+_head_decoder = msgspec.msgpack.Decoder()
+
+
+def _no_hook(o: Any) -> Any:
+    raise TypeError(f"{type(o).__name__} does not fit a step frame")
+
+
+class _Frame:
+    """Collects the raw buffers of one frame and their offsets."""
+
+    def __init__(self) -> None:
+        self.bufs: list[Any] = []
+        self.size = 0
+
+    def add(self, a: np.ndarray) -> list[Any]:
+        if a.dtype.kind not in _NUMERIC_KINDS or a.dtype.hasobject:
+            raise TypeError("not a numeric array")
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a) if a.ndim else a.copy()
+        pad = -self.size % _ALIGN
+        if pad:
+            self.bufs.append(b"\0" * pad)
+            self.size += pad
+        off = self.size
+        self.bufs.append(a if a.ndim else a.reshape(1))
+        self.size += a.nbytes
+        return [off, a.dtype.str, list(a.shape)]
+
+
+def _int_columns(cols: dict[str, Any], names: tuple[str, ...], n: int) -> np.ndarray:
+    rows = []
+    for c in names:
+        v = cols.get(c)
+        if v is None:
+            rows.append(np.zeros(n, np.int64))
+            continue
+        a = np.asarray(v)
+        if a.shape != (n,) or a.dtype.kind not in "iub" or a.dtype == np.uint64:
+            raise TypeError(f"request column {c} is not {n} ints")
+        rows.append(a)
+    return np.array(rows, dtype=np.int64) if rows else np.zeros((0, n), np.int64)
+
+
+def encode_step_frame(raw: dict[str, Any]) -> list[Any]:
+    """The pipe frame of a step in the recorder's compact form, as buffers to write back to back;
+    TypeError/ValueError/OverflowError when it needs the pickle form (see above)."""
+    cols = raw.get("requests") or {}
+    n = len(cols["request_id"]) if cols else 0
+    fr = _Frame()
+    ints = _int_columns(cols, REQUEST_INT_COLUMNS, n)
+    lens, flats = [], []
+    for c in REQUEST_LIST_COLUMNS:
+        v = cols.get(c)
+        if v is None or not len(v):
+            lens.append([0] * n)
+            continue
+        if len(v) != n:
+            raise ValueError(f"request column {c} has {len(v)} values for {n} requests")
+        ln = [len(t) for t in v]
+        lens.append(ln)
+        flats.append(np.fromiter(itertools.chain.from_iterable(v), np.int64, count=sum(ln)))
+    table = np.empty((len(REQUEST_INT_COLUMNS) + len(REQUEST_LIST_COLUMNS), n), np.int64)
+    table[: len(REQUEST_INT_COLUMNS)] = ints
+    table[len(REQUEST_INT_COLUMNS) :] = lens
+    values = np.concatenate(flats) if flats else np.zeros(0, np.int64)
+    arrays = [[str(nm), str(dt), [int(x) for x in sh], int(ptr), fr.add(np.asarray(v))]
+              for nm, dt, sh, ptr, v in raw.get("arrays", ())]  # fmt: skip
+    packs = [[fr.add(np.asarray(flat, np.int64)), [[str(a), str(b), [int(x) for x in c], int(d)] for a, b, c, d in lay],
+              {str(k): int(v) for k, v in crop.items()}] for flat, lay, crop in raw.get("packs", ())]  # fmt: skip
+    head = [raw["header"], fr.add(table), fr.add(values), packs, arrays, list(raw.get("spans", ())),
+            list(raw.get("violations") or ()), list(raw.get("waits") or ()), list(raw.get("errors") or ()),
+            [str(f) for f in raw.get("faults_fired") or ()]]  # fmt: skip
+    hb = _head_encoder.encode(head)
+    start = len(FAST_STEP) + _HEAD_LEN.size + len(hb)
+    pad = -start % _ALIGN  # buffer offsets are relative to the aligned start of the binary section
+    return [FAST_STEP + _HEAD_LEN.pack(len(hb)) + hb + b"\0" * pad, *fr.bufs]
+
+
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _view(data: memoryview, base: int, spec: list[Any]) -> np.ndarray:
+    off, dt, shape = spec
+    dtype = _DTYPES.get(dt)
+    if dtype is None:
+        dtype = np.dtype(dt)
+        if dtype.kind not in _NUMERIC_KINDS:
+            raise ValueError(f"step frame array of dtype {dt}")
+        if len(_DTYPES) < 256:
+            _DTYPES[dt] = dtype
+    if len(shape) == 1:
+        return np.frombuffer(data, dtype, shape[0], base + off)
+    count = 1
+    for x in shape:
+        count *= x
+    return np.frombuffer(data, dtype, count, base + off).reshape(shape)
+
+
+def decode_step_frame(data: bytes) -> tables.StepColumns:
+    """The numpy columns of a frame made by `encode_step_frame` (arrays are read-only views of `data`)."""
+    (hlen,) = _HEAD_LEN.unpack_from(data, len(FAST_STEP))
+    hstart = len(FAST_STEP) + _HEAD_LEN.size
+    base = hstart + hlen
+    base += -base % _ALIGN
+    header, table, values, packs, arrays, spans, violations, waits, errors, faults = _head_decoder.decode(
+        memoryview(data)[hstart : hstart + hlen])
+    mv = memoryview(data)
+    out = []
+    for flat, layout, crop in packs:
+        out += [(a.name, a.dtype, tuple(a.shape), a.data_ptr, a.values) for a in unpack(_view(mv, base, flat),
+                [(nm, dt, tuple(sh), ptr) for nm, dt, sh, ptr in layout], crop)]  # fmt: skip
+    out += [(nm, dt, tuple(sh), ptr, _view(mv, base, v)) for nm, dt, sh, ptr, v in arrays]
+    raw = {"waits": waits, "errors": errors}
+    return tables.StepColumns(
+        header=header, table=tables.narrow_ints(_view(mv, base, table)), values=tables.narrow_ints(
+            _view(mv, base, values)), arrays=out, spans=[(str(a), str(b), int(c), int(d)) for a, b, c, d in spans],
+        violations=violations, waits=_waits(raw), errors=_errors(raw), faults_fired=faults,
+    )  # fmt: skip
+
+
+def encode_frame(kind: str, payload: Any) -> bytes:
+    """One message for the writer child, without its length prefix: a step frame where it fits, else a pickle."""
+    if kind == "step":
+        try:
+            return b"".join(encode_step_frame(payload))
+        except (TypeError, ValueError, OverflowError, KeyError, AttributeError, msgspec.EncodeError):
+            pass  # the pickle below carries it; the child reports what is wrong with it, if anything
+    return pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_frame(data: bytes) -> tuple[str, Any]:
+    """(kind, payload) of a message made by `encode_frame`; a step frame's payload is its `StepColumns`."""
+    if data[:1] == FAST_STEP:
+        return "columns", decode_step_frame(data)
+    return pickle.loads(data)
+
+
 # -- the child ------------------------------------------------------------------------------------------------
 
 
 class _Input:
-    """Length-prefixed pickles from a file descriptor, with "is a whole message waiting?" for group commits."""
+    """Length-prefixed frames (`encode_frame`) from a file descriptor; "is a whole one waiting?" for group commits."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -190,15 +344,16 @@ class _Input:
             if os.getppid() != self._ppid:  # re-parented: the engine died while someone still holds the pipe
                 self.eof = True
 
-    def take(self) -> Any:
+    def take(self) -> bytes:
         """The next whole message (call after `ready()`)."""
         (n,) = _LEN.unpack_from(self.buf, self.pos)
         start = self.pos + _LEN.size
         self.pos = start + n
-        with memoryview(self.buf) as mv, mv[start : start + n] as data:
-            return pickle.loads(data)
+        # A copy: the buffer is resized later, and a step frame's arrays become views of these bytes.
+        with memoryview(self.buf) as mv:
+            return bytes(mv[start : start + n])
 
-    def next(self) -> Any:
+    def next(self) -> bytes:
         """Block for the next message; EOFError at end of input."""
         while not self.ready():
             if self.eof:
@@ -225,7 +380,7 @@ def _child_main() -> int:
             pass  # nobody is listening any more
 
     try:
-        path, run, overwrite = inp.next()
+        path, run, overwrite = pickle.loads(inp.next())
         writer = TraceWriter(path, RunInfo.from_dict(run), overwrite=overwrite, threaded=False)
     except (TraceError, EOFError) as e:
         say(f"error {e}")
@@ -248,7 +403,8 @@ def _child_main() -> int:
         except TraceError as e:
             err = err or str(e)
             continue
-        kind, payload = msg
+        # A step frame is decoded below, where what it cannot hold is reported like any unstorable step.
+        kind, payload = ("frame", msg) if msg[:1] == FAST_STEP else pickle.loads(msg)
         if kind == "close":
             break
         if kind == "flush":
@@ -262,7 +418,9 @@ def _child_main() -> int:
         if err is not None:
             continue  # keep draining, so the engine's writes never block on a full pipe
         try:
-            if kind == "step":
+            if kind == "frame":
+                writer.write_columns(decode_step_frame(payload))
+            elif kind == "step":
                 writer.write_parts(parts_from_raw(payload))
             elif kind == "request":
                 writer.write_request(RequestRecord.from_dict(payload))
@@ -472,9 +630,11 @@ class ProcessTraceWriter:
         return kind, msg
 
     def _send_obj(self, obj: Any) -> None:
+        self._send_data(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _send_data(self, data: bytes) -> None:
         if self._dead:
             raise TraceError(self._dead, self.path)
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             self._proc.stdin.write(_LEN.pack(len(data)) + data)  # type: ignore[union-attr]
             self._proc.stdin.flush()  # type: ignore[union-attr]
@@ -485,7 +645,7 @@ class ProcessTraceWriter:
     def _send(self, kind: str, payload: Any) -> None:
         if self._closed:
             raise TraceError("the trace writer is already closed", self.path)
-        self._send_obj((kind, payload))
+        self._send_data(encode_frame(kind, payload))
 
     def write_raw_step(self, raw: dict[str, Any]) -> None:
         """Queue a step in the recorder's compact form (see `parts_from_raw`)."""
