@@ -257,7 +257,8 @@ def test_codec_round_trip(arr: np.ndarray, compress: bool) -> None:
 
 def test_codec_delta_compresses_page_runs() -> None:
     pages = (np.arange(64 * 70, dtype=np.int32).reshape(64, 70) + 1000) * 1
-    assert len(codec.encode(pages)) < pages.nbytes // 40
+    # Without delta coding these runs compress ~3x; with it >30x (zlib-ng's fast level ~39x, zlib's ~50x).
+    assert len(codec.encode(pages)) < pages.nbytes // 32
 
 
 @pytest.mark.parametrize(
