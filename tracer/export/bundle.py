@@ -162,11 +162,12 @@ def _without_attention(step: Step) -> Step:
 
 
 def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *, trace_path: str | None = None,
-                 export_command: str | None = None, attention: str = "all") -> dict[str, Any]:
+                 export_command: str | None = None, attention: str = "all", delta_kv: bool = True) -> dict[str, Any]:
     """Write a bundle of steps [start, stop) of `reader` to `out` (.zip); returns its manifest.
 
     `attention` says which recorded attention calls travel (they dominate the size: layer 0's KV pages of every
-    live row, per step): "all", "flagged" (only steps the catalogue flags) or "none"."""
+    live row, per step): "all", "flagged" (only steps the catalogue flags) or "none". `delta_kv=False` keeps
+    every call's full attn_kv (the format-1 layout; for size comparisons)."""
     if attention not in ATTENTION_CHOICES:
         raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, not {attention!r}")
     from ..checks import Checker
@@ -183,7 +184,7 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
         found: list[Violation] = []
         request_ids: set[int] = set()
         dropped: list[int] = []
-        coder = _KVCoder(reader)
+        coder = _KVCoder(reader, delta_kv)
         with TraceWriter(db, reader.run) as w:
             for new, i in enumerate(indexes):
                 step: Step = _renumber(reader.step(i), new)
@@ -219,8 +220,8 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
             "num_steps": len(indexes), "num_violations_bundle_check": len(found),
             "num_violations_original": len(original),
             "attention_steps": _attention_steps(db), "attention": attention, "attention_dropped": dropped,
-            "kv_chain": coder.chain, "kv_keyframes": coder.keyframes, "kv_stored_bytes": coder.stored_bytes,
-            "kv_full_bytes": coder.full_bytes, "export_command": export_command,
+            "kv_chain": coder.chain if delta_kv else None, "kv_keyframes": coder.keyframes,
+            "kv_stored_bytes": coder.stored_bytes, "kv_full_bytes": coder.full_bytes, "export_command": export_command,
         }  # fmt: skip
         perfetto = os.path.join(work, "perfetto.json.gz")
         with TraceReader(db) as r2:
@@ -245,8 +246,9 @@ class _KVCoder:
     """Replaces each bundled call's `attn_kv` by the token rows that differ from what the earlier bundled calls of
     the same model hold for those pages (kv_delta.py); the first call of each model stays full."""
 
-    def __init__(self, reader: TraceReader) -> None:
+    def __init__(self, reader: TraceReader, delta: bool = True) -> None:
         self.reader = reader
+        self.delta = delta  # False: every call keeps its full attn_kv (no chain)
         self.chain = secrets.randbits(62)  # names this bundle's chain, so cached calls of other bundles never match
         self.last: dict[str, tuple[int, kv_delta.Pages]] = {}  # model -> its last bundled call, page store after it
         self.keyframes: list[int] = []
@@ -260,15 +262,19 @@ class _KVCoder:
         fetch = lambda j: self.reader.step(j, arrays=kv_delta.KV_ARRAYS)  # noqa: E731 - a source that is a bundle
         kv = kv_delta.stored_kv(dataclasses.replace(step, index=original), fetch)
         ids = np.asarray(step.array("attn_page_ids").values).astype(np.int64)  # type: ignore[union-attr]
+        keep = tuple(a for a in step.arrays if a.name not in kv_delta.KV_ARRAYS or a.name == "attn_page_ids")
+        self.full_bytes += kv.nbytes
+        if not self.delta:
+            self.stored_bytes += kv.nbytes
+            self.keyframes.append(step.index)
+            return dataclasses.replace(step, arrays=(*keep, kv_delta.delta_arrays(0, 0, None, kv)[0]))
         prev = self.last.get(step.model)
         coded = kv_delta.encode(ids, kv, None if prev is None else prev[1])
         if coded is None:
             self.keyframes.append(step.index)
         self.last[step.model] = (step.index, kv_delta.advance({} if prev is None else prev[1], ids, kv))
         new = kv_delta.delta_arrays(self.chain, kv_delta.NO_BASE if prev is None else prev[0], coded, kv)
-        self.full_bytes += kv.nbytes
         self.stored_bytes += sum(a.values.nbytes for a in new)
-        keep = tuple(a for a in step.arrays if a.name not in kv_delta.KV_ARRAYS or a.name == "attn_page_ids")
         return dataclasses.replace(step, arrays=keep + tuple(new))
 
 
