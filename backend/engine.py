@@ -16,6 +16,7 @@ synchronization; positions, KV slots, draft tokens, acceptance and the next root
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -124,7 +125,8 @@ class Engine:
             self.target.capture_graphs([(ForwardMode.TARGET_VERIFY, None, self.T)], self.cfg.batch_size,
                                        self._template(self.target), ladder)
             modes = [(ForwardMode.DRAFT_DECODE, i, 1) for i in range(self.num_draft_steps)]
-            modes.append((ForwardMode.DRAFT_EXTEND, None, self.T))
+            if os.environ.get("SPECSCOPE_DRAFT_EXTEND_GRAPH", "1") != "0":  # 0: draft extend stays eager
+                modes.append((ForwardMode.DRAFT_EXTEND, None, self.T))
             self.draft.capture_graphs(modes, self.cfg.batch_size, self._template(self.draft), ladder)
 
     # ---- the run -------------------------------------------------------------------------------------
