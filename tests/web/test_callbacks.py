@@ -184,3 +184,25 @@ def test_overview_click_recentres_the_window(client: object) -> None:
     status, out = call(client, [("tl-range", "value")], [("tl-overview", "clickData", {"points": [{"x": "NaN"}]})],
                        [("tl-range", "value", [0, 19])])
     assert status == 204 or out == [NO_UPDATE]
+
+
+def test_stepping_forward_serves_pages_built_ahead_that_equal_fresh_ones() -> None:
+    c = create_app(FAULT).server.test_client()
+    fresh = create_app(FAULT).server.test_client()
+    seq = [texts(page(c, f"/step/{i}")) for i in (20, 21, 22, 21)]  # 21 and 22 were built ahead, then back to 21
+    assert seq == [texts(page(fresh, f"/step/{i}")) for i in (20, 21, 22, 21)]
+
+
+def test_a_big_batch_gets_its_request_table_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specscope.ui.web import pages as web_pages
+
+    monkeypatch.setattr(web_pages, "MAX_HTML_ROWS", 1)  # the fault sample's batches are small: make 2 rows "big"
+    with TraceReader(FAULT) as r:
+        i = next(s.index for s in r.steps() if len(s.requests) >= 2)
+        ids = [q.request_id for q in r.step(i, arrays=()).requests]
+    c = create_app(FAULT).server.test_client()
+    out = page(c, f"/step/{i}")
+    t = texts(out)
+    table = t[t.index('"request-table"'):t.index('"request-table"') + 100]
+    assert '"type": "Pre"' in table, table
+    assert all(f"  {rid}  " in t for rid in ids)

@@ -260,3 +260,15 @@ def test_a_page_built_from_part_of_the_summaries_is_redrawn_once_they_are_in() -
     assert src.refresh() is partial  # redraw only if a page saw the partial columns
     assert src.refresh() is False
     src.close()
+
+
+def test_text_table_aligns_columns_and_marks_the_highlighted_row() -> None:
+    from specscope.ui.web import pages
+
+    t = pages.text_table(["row", "value"], [(0, 5), (1, 12345), (2, 7)], id="t", highlight=1)
+    before, hl, after = t.children
+    lines = (before + hl.children + after).strip("\n").split("\n")
+    assert lines == ["row  value", "  0      5", "  1  12345", "  2      7"]
+    assert hl.className == "hl" and hl.children == "  1  12345"
+    plain = pages.text_table(["a"], [(1,)])
+    assert plain.children == "a\n1\n"

@@ -144,6 +144,11 @@ class Dashboard:
         self.version = 0
         self._lock = threading.Lock()
         self._divergence: tuple[tuple[int, int], Any] | None = None
+        # The step page after the one just served, built ahead while the browser draws (stepping with → is the
+        # explorer's hot path): {(trace, step, trace length): components}, and the thread building it.
+        self._ahead: dict[tuple[str, int, int], Any] = {}
+        self._ahead_lock = threading.Lock()
+        self._ahead_thread: threading.Thread | None = None
 
     def refresh(self) -> bool:
         """Load the steps live traces gained; True when any did."""
@@ -189,7 +194,9 @@ class Dashboard:
             n = src.num_steps()
             if r.step is None or r.step >= n:
                 raise RouteError(f"no step {r.step}: the trace has {n} steps (0–{n - 1})")
-            return pages.step_page(src, r.step, r.params)
+            if r.params:
+                return pages.step_page(src, r.step, r.params)
+            return self.step_page(src, r.step)
         if r.page == "acceptance":
             return pages.acceptance_page(self.sources)
         if r.page == "violations":
@@ -199,6 +206,42 @@ class Dashboard:
                 return pages.compare_page(src, None, None)
             return pages.compare_page(self.sources["a"], self.sources["b"], self.divergence())
         return pages.timeline_page(src)
+
+
+    def step_page(self, src: TraceSource, i: int) -> Any:
+        """Step page i (no highlight): built ahead if it was the next one, and then the one after it is."""
+        key = (src.key, i, src.num_steps())
+        with self._ahead_lock:
+            page = self._ahead.pop(key, None)
+            running = self._ahead_thread
+        if page is None:
+            if running is not None:
+                running.join()  # it may be building this very page (or holding the checker's window)
+                with self._ahead_lock:
+                    page = self._ahead.pop(key, None)
+            if page is None:
+                page = pages.step_page(src, i, {})
+        if i + 1 < src.num_steps():
+            self._build_ahead(src, i + 1)
+        return page
+
+    def _build_ahead(self, src: TraceSource, i: int) -> None:
+        key = (src.key, i, src.num_steps())
+
+        def build() -> None:
+            try:
+                page = pages.step_page(src, i, {})
+            except Exception:  # noqa: BLE001 - the page is built again on request, and reports its error then
+                return
+            with self._ahead_lock:
+                self._ahead = {key: page}  # only the latest guess is worth keeping
+
+        with self._ahead_lock:
+            if self._ahead_thread is not None and self._ahead_thread.is_alive():
+                return
+            t = threading.Thread(target=build, name="specscope-web-ahead", daemon=True)
+            self._ahead_thread = t
+        t.start()
 
 
 def _nav(d: Dashboard) -> html.Header:

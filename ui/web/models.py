@@ -42,10 +42,11 @@ class Series:
 
 def bin_series(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS, bins: int = NUM_BINS) -> Series:
     """`x, y` unchanged when there are at most `max_points`, else `bins` equal-width bins over x with the mean,
-    minimum and maximum of y in each (empty bins dropped), so a spike is never lost to averaging."""
+    minimum and maximum of y in each (empty bins dropped), so a spike is never lost to averaging. Binned values
+    are float32 rounded to 2 decimals: what a screen can show, and short in JSON."""
     x = np.asarray(x, np.float64)
     y = np.asarray(y, np.float64)
-    if len(x) <= max_points:
+    if len(x) <= max(max_points, 0) or len(x) <= 1:
         return Series(x, y, y, y, np.ones(len(x), np.int64), False)
     lo, hi = float(x.min()), float(x.max())
     edges = np.linspace(lo, hi, bins + 1)
@@ -58,25 +59,28 @@ def bin_series(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS, bins:
     np.maximum.at(ymax, which, y)
     keep = count > 0
     centre = (edges[:-1] + edges[1:]) / 2
-    f4 = np.float32  # what a screen can show; half the bytes on the wire
-    return Series(centre[keep].astype(f4), (total[keep] / count[keep]).astype(f4), ymin[keep].astype(f4),
-                  ymax[keep].astype(f4), count[keep], True)
+    def f4(v: np.ndarray) -> np.ndarray:
+        return np.round(v, 2).astype(np.float32)
+
+    return Series(f4(centre[keep]), f4(total[keep] / count[keep]), f4(ymin[keep]), f4(ymax[keep]), count[keep], True)
 
 
 # -- timeline ------------------------------------------------------------------------------------------------
 
 
 def step_durations(cols: Columns, start: int = 0, stop: int | None = None) -> dict[str, Series]:
-    """Host duration per step in µs, one series per forward mode (binned beyond MAX_POINTS per mode)."""
+    """Host duration per step in µs, one series per forward mode; beyond MAX_POINTS steps in all, every mode is
+    binned (so the overview carries at most NUM_BINS points per series whatever the mix of modes)."""
     stop = len(cols) if stop is None else min(stop, len(cols))
     idx = np.arange(start, stop)
     dur = (cols.end_ns[start:stop] - cols.start_ns[start:stop]) / 1e3
     mode = cols.mode[start:stop]
+    limit = 0 if stop - start > MAX_POINTS else MAX_POINTS
     out = {}
     for code, name in enumerate(MODES):
         sel = mode == code
         if sel.any():
-            out[name] = bin_series(idx[sel], dur[sel])
+            out[name] = bin_series(idx[sel], dur[sel], max_points=limit)
     return out
 
 

@@ -17,6 +17,7 @@ from .source import WAIT_S, TraceSource
 DEFAULT_WINDOW = 100  # steps in the timeline's first window
 MAX_WINDOW = 300  # steps whose spans one Gantt shows (the spans of a window are decoded on demand)
 GRAPH_CONFIG = {"displaylogo": False, "responsive": True}
+MAX_HTML_ROWS = 16  # request tables of bigger batches are aligned text (the browser builds 1 element, not 650)
 MAX_CHAINS = 16  # draft chains drawn as token chips (the highlighted row's too); the request table has them all
 
 
@@ -235,8 +236,12 @@ def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Di
     req_rows = [(r.row, r.request_id, r.slot, r.seq_len_before, r.seq_len_after, r.num_q_tokens,
                  r.accept_length if step.mode == ForwardMode.TARGET_VERIFY else "-", r.draft_text or "-",
                  r.accepted_text or "-") for r in reqs]
-    req_table = table(["row", "request", "slot", "S before", "S after", "q tokens", "accept", "drafts", "accepted"],
-                      req_rows, id="request-table", highlight=hl)
+    req_head = ["row", "request", "slot", "S before", "S after", "q tokens", "accept", "drafts", "accepted"]
+    if len(req_rows) > MAX_HTML_ROWS:  # a big batch as aligned text: one element, not ten per row
+        req_table = text_table(req_head, [[_one_line(c) for c in r] for r in req_rows], id="request-table",
+                               highlight=hl)
+    else:
+        req_table = table(req_head, req_rows, id="request-table", highlight=hl)
     if grid is not None:
         heat = graph("step-heatmap", figures.heatmap_figure(grid, None if hl is None else (hl, col)))  # type: ignore[arg-type]
         legend = html.Div([html.Span(f"{views.SYMBOLS[k] if views.SYMBOLS[k].strip() else '□'} {views.KIND_TEXT[k]}"
@@ -280,6 +285,10 @@ def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Di
             html.Div([html.H3("Violations"), viol, *extra], className="col"),
         ], className="row"),
     ], id="step-page")
+
+
+def _one_line(x: object) -> str:
+    return " ".join(str(x).split()) or "-"  # token text may hold newlines; a text table row must not
 
 
 def _at(xs: Sequence[int], i: int) -> object:
