@@ -100,3 +100,50 @@ def test_run_flags_are_rebuilt_for_the_child() -> None:
     pairs = lambda xs: sorted(" ".join(xs).replace(" --", "\n--").split("\n"))  # noqa: E731 - flag order is free
     assert pairs(argv) == pairs(want)
     assert "-o" not in argv and "--output" not in argv  # the TUI names the trace itself
+
+
+def test_idle_collector_postpones_full_passes_until_the_keys_pause() -> None:
+    import gc
+
+    from specscope.ui.tui.idle_gc import FULL_PASS_EVERY, IdleCollector
+
+    saved = gc.get_threshold()
+    now = [100.0]
+    c = IdleCollector(idle_s=0.5, clock=lambda: now[0])
+    c.start()
+    try:
+        assert gc.get_threshold()[2] >= FULL_PASS_EVERY and gc.get_freeze_count() > 0
+        assert not c.tick()  # nothing moved yet: nothing owed
+        c.moved()
+        now[0] += 0.2
+        assert not c.tick()  # keys still coming
+        now[0] += 0.4
+        assert c.tick() and not c.tick()  # one full pass per pause
+    finally:
+        c.stop()
+    assert gc.get_threshold() == saved and gc.get_freeze_count() == 0
+
+
+def test_neighbour_prefetch_decodes_and_classifies_ahead() -> None:
+    import time
+
+    from specscope.ui.tui.source import TraceSource
+
+    path = os.path.join(ROOT, "samples", "traces", "cpu-fault-stale-page-table.db")
+    src = TraceSource(path)
+    try:
+        n = src.num_steps()
+        want = [n // 2, n // 2 + 1, n + 5, -1]  # past either end: ignored
+        src.prefetch_steps(want)
+        deadline = time.monotonic() + 10
+        while not all(j in src._grids for j in want[:2]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with TraceReader(path) as r:
+            for j in want[:2]:
+                assert j in src._grids  # done on the thread, before the UI asked
+                ref = m.classify(r.step(j))
+                got = src.grid(j)
+                assert got is not None and ref is not None and np.array_equal(got.cls, ref.cls)
+                assert src.step(j).index == j and src.step(j).requests == r.step(j).requests
+    finally:
+        src.close()

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +18,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from . import model as m
+from .idle_gc import IdleCollector
 from .lines import Lines
 from .screens import HelpScreen, PromptScreen
 from .source import BLOCK, BackgroundLoader, TraceSource
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
     from .live import LiveController
 
 WINDOW = 200  # steps either side of the current one in the acceptance window
+PREFETCH_NEIGHBOURS = True  # decode the next step in the direction of travel on a thread (source.prefetch_steps)
 
 
 class Accelerator:
@@ -172,12 +172,13 @@ class SpecscopeApp(App[int]):
         self.loader = BackgroundLoader(self.source, auto_check=auto_check and controller is None,
                                        follow=self.follow and controller is None)
         self.run_hist: list[int] | None = None
-        self._grids: OrderedDict[int, m.Grid | None] = OrderedDict()
         self._start = start
         self._tail = True  # following the newest step of a growing trace
         self._viol_version = -1
         self._accept_pending = False
         self._window_hist = m.SlidingHist()
+        self._shown = 0
+        self.collector = IdleCollector()
         self._settle: Any = None
         self.message = ""
         if controller is not None:
@@ -227,9 +228,7 @@ class SpecscopeApp(App[int]):
         else:
             self._status()
         self.set_interval(0.25, self._tick)
-        # The start-up objects (Textual's, the first blocks) never die: keep the collector from re-walking them
-        # on every step (its full passes were the tail of the step latency).
-        gc.freeze()
+        self.collector.start()
         if self.controller is not None:
             self.controller.start()
 
@@ -251,20 +250,10 @@ class SpecscopeApp(App[int]):
             return
         i = max(0, min(n - 1, int(i)))
         self._tail = i == n - 1
+        self.collector.moved()
         self.current = i
         self._steps.set_cursor(i)
         self._show(i, cell, violation)
-
-    def _grid(self, st: Step) -> m.Grid | None:
-        g = self._grids.get(st.index, False)
-        if g is False:
-            g = m.classify(st)
-            self._grids[st.index] = g
-            while len(self._grids) > 32:
-                self._grids.popitem(last=False)
-        else:
-            self._grids.move_to_end(st.index)
-        return g  # type: ignore[return-value]
 
     def _show(self, i: int, cell: m.Cell | None, violation: Violation | None) -> None:
         src = self.source
@@ -283,7 +272,7 @@ class SpecscopeApp(App[int]):
                 "page_table", "cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "req_to_token_page_starts")):
             row = cell.row
         self._requests.show(st, src.byte_level, row)
-        self._grid_w.show(self._grid(st), cell)
+        self._grid_w.show(src.grid(i), cell)
         if self.accel.streak > 0 and self.accel.key is not None:
             # A held key: the streams and side panes follow once it is released (Dolphie debounces its replay
             # keys the same way), so each repeat redraws only the step list, detail, requests and grid.
@@ -295,6 +284,10 @@ class SpecscopeApp(App[int]):
             self._side(st)
         self._status()
         src.prefetch(i - WINDOW - BLOCK, i + WINDOW + BLOCK)
+        if PREFETCH_NEIGHBOURS:
+            d = (i - self._shown) or 1  # the way the keys go: the next press most likely moves as far again
+            src.prefetch_steps((i + d, i - d))
+        self._shown = i
 
     def _settled(self) -> None:
         self._settle = None
@@ -373,8 +366,13 @@ class SpecscopeApp(App[int]):
         self.message = text
         self._status()
 
+    def on_unmount(self) -> None:
+        """The collector's settings back to the process's."""
+        self.collector.stop()
+
     def _tick(self) -> None:
-        """Follow a growing trace; pick up background results."""
+        """Follow a growing trace; pick up background results; collect garbage while idle."""
+        self.collector.tick()
         src = self.source
         grew = 0
         if self.follow or self.controller is not None:

@@ -95,6 +95,7 @@ class LinePane(Widget):
         self._lines = text if isinstance(text, Lines) else Lines(text)
         self._strips: dict[int, Strip] = {}
         self._strips_key: tuple = ()
+        self._base: Style | None = None
 
     @property
     def plain(self) -> str:
@@ -124,23 +125,27 @@ class LinePane(Widget):
                 y += 1
             self.refresh(Region(0, start, width, y - start))
 
+    def notify_style_update(self) -> None:
+        """The CSS (or theme) changed: the base style with it."""
+        self._base = None
+        super().notify_style_update()
+
     def render_line(self, y: int) -> Strip:
         """Line `y` of the pane, cut (with an ellipsis) or padded to the pane's width."""
         width = self.size.width
-        base = self.rich_style
-        key = (width, base)
+        if self._base is None:
+            # Textual recomputes `rich_style` (a walk over the ancestors) after every refresh: once per CSS change.
+            self._base = self.rich_style
+        key = (width, self._base)
         if key != self._strips_key:
             self._strips.clear()
             self._strips_key = key
         got = self._strips.get(y)
         if got is None:
             rows = self._lines.rows
-            if y < len(rows):
-                got = fit(rows[y], width, base)
-            else:
-                got = Strip.blank(width, _background(base))
-            # Offsets in the segments' meta, as Textual's own panes carry them (text selection uses them).
-            self._strips[y] = got = got.apply_offsets(0, y)
+            base = self._base
+            got = fit(rows[y], width, base) if y < len(rows) else Strip.blank(width, _background(base))
+            self._strips[y] = got
         return got
 
 

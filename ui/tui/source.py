@@ -19,11 +19,12 @@ from specscope.tracer.schema import Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
 from specscope.ui.views import is_byte_level
 
-from .model import violation_key
+from .model import Grid, classify, violation_key
 
 BLOCK = 64  # small: a far jump fetches one screen of summaries on the UI thread; neighbours are prefetched
 _BLOCKS_KEPT = 256
 _STEPS_KEPT = 48
+_MISSING = object()
 AUTO_CHECK_MAX_STEPS = 20_000  # beyond this the TUI checks only when asked (palette: "Check the trace")
 
 
@@ -99,6 +100,10 @@ class TraceSource:
         self._n = self.reader.num_steps()
         self._blocks: OrderedDict[int, list[StepSummary]] = OrderedDict()
         self._steps: OrderedDict[int, Step] = OrderedDict()
+        self._grids: dict[int, Grid | None] = {}  # classified page tables of the steps in `_steps`
+        self._step_want: list[int] = []
+        self._step_wake = threading.Event()
+        self._stepper: threading.Thread | None = None
         self._captures: dict[int, int | None] = {}
         self.violations = ViolationIndex()
         self.checked_through: int | None = None  # steps the table's verdicts cover (None: never checked)
@@ -203,16 +208,63 @@ class TraceSource:
         return out
 
     def step(self, i: int) -> Step:
-        """Decoded step `i` (all arrays), from a small LRU."""
-        st = self._steps.get(i)
+        """Decoded step `i` (all arrays), from a small LRU (which the neighbour thread fills ahead of a move)."""
+        with self._lock:
+            st = self._steps.get(i)
+            if st is not None:
+                self._steps.move_to_end(i)
         if st is None:
             st = self.reader.step(i)
-            self._steps[i] = st
-            while len(self._steps) > _STEPS_KEPT:
-                self._steps.popitem(last=False)
-        else:
-            self._steps.move_to_end(i)
+            self._store_step(i, st, _MISSING)
         return st
+
+    def grid(self, i: int) -> Grid | None:
+        """Step `i`'s page table, classified (`model.classify`), cached beside the decoded step."""
+        with self._lock:
+            g = self._grids.get(i, _MISSING)
+        if g is _MISSING:
+            g = classify(self.step(i))
+            with self._lock:
+                if i in self._steps:
+                    self._grids[i] = g
+        return g  # type: ignore[return-value]
+
+    def _store_step(self, i: int, st: Step, grid: object) -> None:
+        with self._lock:
+            self._steps[i] = st
+            self._steps.move_to_end(i)
+            if grid is not _MISSING:
+                self._grids[i] = grid  # type: ignore[assignment]
+            while len(self._steps) > _STEPS_KEPT:
+                old, _ = self._steps.popitem(last=False)
+                self._grids.pop(old, None)
+
+    def prefetch_steps(self, indices: Iterable[int]) -> None:
+        """Decode and classify these steps on the neighbour thread (its own reader), replacing any older wish:
+        after a move the next key's step is usually ready when it comes. SQLite, zstd and numpy let go of the
+        GIL, so most of it overlaps the UI thread's drawing."""
+        with self._lock:
+            self._step_want = [j for j in indices if 0 <= j < self._n and j not in self._grids]
+            if not self._step_want:
+                return
+        if self._stepper is None:
+            self._stepper = threading.Thread(target=self._step_loop, name="specscope-tui-neighbours", daemon=True)
+            self._stepper.start()
+        self._step_wake.set()
+
+    def _step_loop(self) -> None:
+        with TraceReader(self.path) as r:
+            while True:
+                self._step_wake.wait()
+                with self._lock:
+                    if not self._step_want:
+                        self._step_wake.clear()
+                        continue
+                    j = self._step_want.pop(0)
+                    if j in self._grids:
+                        continue
+                st = r.step(j)
+                self._store_step(j, st, classify(st))
 
     def capture_of(self, i: int) -> int | None:
         """The capture step a replay step came from (a query per replay step: cached)."""

@@ -412,8 +412,10 @@ class RequestsTable(ScrollView, can_focus=True):
                 self._rendered[key] = got
             fixed, rest = got
         fw = sum(len(s.text) for s in fixed)
-        segs = fixed + _crop(rest, int(self.scroll_offset.x), max(0, width - fw))
-        return Strip(segs).crop_extend(0, width, base)
+        if fw >= width:
+            return Strip(fixed).crop_extend(0, width, base)
+        strip = Strip(fixed + _crop(rest, int(self.scroll_offset.x), width - fw))
+        return strip if strip.cell_length == width else strip.crop_extend(0, width, base)  # wide characters
 
     def on_click(self, event: events.Click) -> None:
         """Put the cursor on the clicked row."""
@@ -624,7 +626,7 @@ class PageGrid(ScrollView, can_focus=True):
                 else:
                     runs.append([m.SYMBOLS[k], sty])
         segs.extend(_crop([Segment(t, sty) for t, sty in runs], sx - c0 * cw, gw))
-        return Strip(segs, width).crop(0, width)
+        return Strip(segs, width) if width >= lw else Strip(segs).crop(0, width)
 
     def _zoomed(self, z: int) -> tuple[np.ndarray, np.ndarray]:
         """The zoomed-out classes, computed once per grid and zoom (not once per drawn line)."""
@@ -691,7 +693,8 @@ def _at(arr: object, i: int) -> str:
         return "-"
 
 
-def _crop(cells: Sequence[Segment], start: int, width: int) -> list[Segment]:
+def _crop(cells: Sequence[Segment], start: int, width: int, fill: Style | None = None) -> list[Segment]:
+    """Cells `start` to `start + width` of a run of one-cell-per-character segments, padded to `width`."""
     out, x = [], 0
     end = start + width
     for seg in cells:
@@ -704,7 +707,7 @@ def _crop(cells: Sequence[Segment], start: int, width: int) -> list[Segment]:
             break
     used = sum(len(s.text) for s in out)
     if used < width:
-        out.append(Segment(" " * (width - used)))
+        out.append(Segment(" " * (width - used), fill))
     return out
 
 
