@@ -221,7 +221,7 @@ def test_bundled_kv_is_delta_coded_and_lossless(which: str, request: pytest.Fixt
                 assert got.tobytes() == want.values.tobytes(), (order, new)
                 assert recorded_call(st).kv.tobytes() == recorded_call(orig.step(old)).kv.tobytes()
         assert deltas and deltas == len(manifest["attention_steps"]) - len(manifest["kv_keyframes"])
-    assert len(manifest["kv_keyframes"]) == 2  # the first call of the target and of the draft
+    assert len(manifest["kv_chain_starts"]) == 2  # the first call of the target and of the draft
 
 
 def test_delta_coded_bundle_checks_and_replays_from_anywhere(fault: str, tmp_path: Path,
@@ -267,32 +267,43 @@ def recorded_call_error() -> type[Exception]:
 
 
 def test_delta_codec_keeps_every_byte() -> None:
-    """Pages that move, appear, vanish or hold NaN / -0.0 / denormals come back bit for bit."""
+    """Pages that move, appear, vanish, repeat rows or hold NaN / -0.0 / denormals come back bit for bit."""
     from specscope.tracer.export import kv_delta
 
     rng = np.random.default_rng(0)
-    shape = (5, 2, 2, 8, 4)  # U, K/V, Hkv, page size, D
+    shape = (5, 2, 2, 8, 32)  # U, K/V, Hkv, page size, D
     a = rng.standard_normal(shape).astype(np.float32)
+    a[[1, 3], :, :, 6:] = 0  # rows not written yet
     a[1, 0, 0, 3, 0] = np.nan
     a[2, 1, 1, 7, 3] = -0.0
     a[3, 0, 1, 0, 1] = np.float32(1e-45)
+    a[4, :, :, 6] = a[0, :, :, 2]  # a repeated row (layer 0: the same token at the same position)
     ids_a = np.array([7, 3, 9, 1, 4])
+    rows_a, src_a, lit_a = kv_delta.encode(ids_a, a, {})  # a model's first call: against an empty store
+    assert len(lit_a) == 5 * 8 - 4 - 1 and (src_a == -2 - (0 * 8 + 2)).sum() == 1  # zeros cost nothing, a repeat 8 B
+    assert kv_delta.decode(ids_a, a.shape, rows_a, src_a, lit_a, {}).tobytes() == a.tobytes()
     pages = kv_delta.advance({}, ids_a, a)
-    # The next call: page 9 gone, pages reordered, page 12 new, one row of page 3 rewritten, a NaN turned to -NaN.
+    # The next call: page 9 gone, pages reordered, page 12 new (one of its rows copies a row of page 1, another
+    # repeats a new row of this call), one row of page 3 rewritten, a NaN turned to -NaN.
     ids_b = np.array([3, 1, 12, 7, 4])
     b = a[[1, 3, 0, 0, 4]].copy()
     b[2] = 0
-    b[2, :, :, :2] = rng.standard_normal((2, 2, 2, 4))
-    b[0, :, :, 5] = rng.standard_normal((2, 2, 4))
+    b[2, :, :, :2] = rng.standard_normal((2, 2, 2, 32))
+    b[2, :, :, 4] = a[3, :, :, 5]
+    b[2, :, :, 6] = b[2, :, :, 1]
+    b[0, :, :, 5] = rng.standard_normal((2, 2, 32))
     b[0, 0, 0, 3, 0] = -np.float32(np.nan)
-    rows, delta = kv_delta.encode(ids_b, b, pages)
-    assert sorted(rows.tolist()) == [0 * 8 + 3, 0 * 8 + 5, 2 * 8 + 0, 2 * 8 + 1]  # slot * P + token row
-    back = kv_delta.decode(ids_b, b.shape, rows, delta, pages)
+    rows, src, lit = kv_delta.encode(ids_b, b, pages)
+    assert sorted(rows.tolist()) == [0 * 8 + 3, 0 * 8 + 5, 2 * 8 + 0, 2 * 8 + 1, 2 * 8 + 4, 2 * 8 + 6]  # slot*P+row
+    assert len(lit) == 4 and 1 * 8 + 5 in src.tolist() and -2 - (2 * 8 + 1) in src.tolist()
+    back = kv_delta.decode(ids_b, b.shape, rows, src, lit, pages)
     assert back.tobytes() == b.tobytes()
     bits = b.view(np.int32).astype(np.int16)  # raw 16-bit patterns (a bf16 pool) go the same way
     pages16 = kv_delta.advance({}, ids_a, a.view(np.int32).astype(np.int16))
-    rows16, delta16 = kv_delta.encode(ids_b, bits, pages16)
-    assert kv_delta.decode(ids_b, bits.shape, rows16, delta16, pages16).tobytes() == bits.tobytes()
-    assert kv_delta.encode(ids_b, b, None) is None  # the first call of a model stays full
+    coded16 = kv_delta.encode(ids_b, bits, pages16)
+    assert kv_delta.decode(ids_b, bits.shape, *coded16, pages16).tobytes() == bits.tobytes()
+    assert kv_delta.encode(ids_b, b, None) is None  # no store: the full array
     with pytest.raises(kv_delta.DeltaError, match="points past"):
-        kv_delta.decode(ids_b, b.shape, np.array([99], np.int32), delta[:1], pages)
+        kv_delta.decode(ids_b, b.shape, np.array([99], np.int32), np.array([-1]), lit[:1], pages)
+    with pytest.raises(kv_delta.DeltaError, match="no earlier call"):
+        kv_delta.decode(ids_b, b.shape, np.array([0], np.int32), np.array([55 * 8]), lit[:0], pages)

@@ -221,6 +221,7 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
             "num_violations_original": len(original),
             "attention_steps": _attention_steps(db), "attention": attention, "attention_dropped": dropped,
             "kv_chain": coder.chain if delta_kv else None, "kv_keyframes": coder.keyframes,
+            "kv_chain_starts": coder.chain_starts,
             "kv_stored_bytes": coder.stored_bytes, "kv_full_bytes": coder.full_bytes, "export_command": export_command,
         }  # fmt: skip
         perfetto = os.path.join(work, "perfetto.json.gz")
@@ -244,14 +245,15 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
 
 class _KVCoder:
     """Replaces each bundled call's `attn_kv` by the token rows that differ from what the earlier bundled calls of
-    the same model hold for those pages (kv_delta.py); the first call of each model stays full."""
+    the same model hold for those pages, repeated rows as references (kv_delta.py)."""
 
     def __init__(self, reader: TraceReader, delta: bool = True) -> None:
         self.reader = reader
         self.delta = delta  # False: every call keeps its full attn_kv (no chain)
         self.chain = secrets.randbits(62)  # names this bundle's chain, so cached calls of other bundles never match
         self.last: dict[str, tuple[int, kv_delta.Pages]] = {}  # model -> its last bundled call, page store after it
-        self.keyframes: list[int] = []
+        self.keyframes: list[int] = []  # calls stored with their full attn_kv
+        self.chain_starts: list[int] = []  # the first bundled call of each model
         self.stored_bytes = 0
         self.full_bytes = 0
 
@@ -269,9 +271,11 @@ class _KVCoder:
             self.keyframes.append(step.index)
             return dataclasses.replace(step, arrays=(*keep, kv_delta.delta_arrays(0, 0, None, kv)[0]))
         prev = self.last.get(step.model)
-        coded = kv_delta.encode(ids, kv, None if prev is None else prev[1])
+        coded = kv_delta.encode(ids, kv, {} if prev is None else prev[1])
         if coded is None:
             self.keyframes.append(step.index)
+        if prev is None:
+            self.chain_starts.append(step.index)
         self.last[step.model] = (step.index, kv_delta.advance({} if prev is None else prev[1], ids, kv))
         new = kv_delta.delta_arrays(self.chain, kv_delta.NO_BASE if prev is None else prev[0], coded, kv)
         self.stored_bytes += sum(a.values.nbytes for a in new)

@@ -1,15 +1,20 @@
 """Delta-coded KV pages of recorded attention calls, as bug-report bundles store them. Torch-free (numpy).
 
 Consecutive calls of one model read nearly the same pages: per step only the token rows just written change (the
-tail of each request's last page, and pages it just started). So in a bundle the first call of each model keeps
-its full `attn_kv`, and each later one stores only the token rows that differ, byte for byte, from the previous
-bundled call of the same model, matched by physical page id (a page the base did not hold counts as zeros):
+tail of each request's last page, and pages it just started). So in a bundle each call stores only the token rows
+that differ, byte for byte, from what the earlier bundled calls of the same model hold for that physical page id
+(a page none of them read counts as zeros):
 
 - `attn_kv_ref`   int64 [2]: the chain id (one per bundle) and the bundle step index of the base call (-1: none,
   this step holds its full `attn_kv`);
 - `attn_kv_rows`  int32 [R]: the differing token rows, as `slot * page_size + row` (slot: index in attn_page_ids);
-- `attn_kv_delta` [R, 2, Hkv, D] in attn_kv's stored dtype: those rows; its snapshot's `shape` is the full
+- `attn_kv_src`   int64 [R]: where each row's bytes come from: -1 the next literal row; `page id * P + row` a row
+  the earlier calls hold; `-2 - r` the literal row r of this call (layer 0's KV of a token depends only on the token
+  and its position, so equal rows recur);
+- `attn_kv_delta` [L, 2, Hkv, D] in attn_kv's stored dtype: the literal rows; its snapshot's `shape` is the full
   `[U, 2, Hkv, P, D]` of the call's attn_kv.
+
+A model's first bundled call is coded against an empty store (zeros), so it too keeps only its distinct rows.
 
 Decoding is exact (the stored bytes come back). `stored_kv(step, fetch)` resolves a step's KV: from a cache of
 recently decoded calls (a sequential read, as `check` does, chains onto the previous call), from `fetch(i)` (the
@@ -28,8 +33,8 @@ import numpy as np
 
 from ..schema import Step
 
-REF, ROWS, DELTA = "attn_kv_ref", "attn_kv_rows", "attn_kv_delta"
-KV_ARRAYS = ("attn_page_ids", "attn_kv", REF, ROWS, DELTA)  # what resolving a base call reads of a step
+REF, ROWS, SRC, DELTA = "attn_kv_ref", "attn_kv_rows", "attn_kv_src", "attn_kv_delta"
+KV_ARRAYS = ("attn_page_ids", "attn_kv", REF, ROWS, SRC, DELTA)  # what resolving a base call reads of a step
 NO_BASE = -1
 _CACHE_ENTRIES = 16
 _CACHE_BYTES = 512 << 20
@@ -107,9 +112,24 @@ def advance(pages: Pages, ids: np.ndarray, kv: np.ndarray) -> Pages:
     return out
 
 
-def encode(ids: np.ndarray, kv: np.ndarray, pages: Pages | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """(rows, delta) of `kv` against the page store of the earlier calls, or None when the full array is the
-    better encoding (no earlier call, or the delta would not be smaller)."""
+def _store_index(pages: Pages) -> dict[bytes, int]:
+    """Every token row the earlier calls hold, by content -> `page id * P + row` (the first one found)."""
+    index: dict[bytes, int] = {}
+    for pid, page in pages.items():
+        p = page.shape[0]
+        for t in range(p):
+            index.setdefault(page[t].tobytes(), pid * p + t)
+    return index
+
+
+def encode(ids: np.ndarray, kv: np.ndarray, pages: Pages | None
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(rows, sources, literals) of `kv` against the page store of the earlier calls (empty for a model's first
+    call), or None when the full array is the better encoding.
+
+    Layer 0's K and V of a token depend only on the token and its position, so equal rows recur (across requests,
+    and at every page boundary a request crosses): a differing row equal to one the store holds, or to an earlier
+    row of this call, is stored as a reference (`sources`), only the others as literals."""
     if pages is None or kv.ndim != 5:
         return None
     u, two, h, p, d = kv.shape
@@ -117,26 +137,60 @@ def encode(ids: np.ndarray, kv: np.ndarray, pages: Pages | None) -> tuple[np.nda
     base = _base_rows(ids, kv.shape, kv.dtype, pages).reshape(u * p, -1)
     differ = np.any(cur.view(np.uint8) != base.view(np.uint8), axis=1)  # bytes: NaN and -0.0 are kept exactly
     idx = np.flatnonzero(differ)
-    if idx.size * (cur.shape[1] * cur.itemsize + 4) >= kv.nbytes:
+    index = _store_index(pages) if idx.size else {}
+    src = np.full(idx.size, LITERAL, dtype=np.int64)
+    first: dict[bytes, int] = {}
+    literal = []
+    for j, r in enumerate(idx.tolist()):
+        b = cur[r].tobytes()
+        hit = index.get(b)
+        if hit is not None:
+            src[j] = hit
+        elif b in first:
+            src[j] = -2 - first[b]  # the same bytes as an earlier literal row of this call
+        else:
+            first[b] = r
+            literal.append(r)
+    lit = cur[literal].reshape(len(literal), two, h, d)
+    if idx.size * 12 + lit.nbytes >= kv.nbytes:
         return None
-    return idx.astype(np.int32), cur[idx].reshape(idx.size, two, h, d)
+    return idx.astype(np.int32), src, lit
 
 
-def decode(ids: np.ndarray, shape: tuple[int, ...], rows: np.ndarray, delta: np.ndarray, pages: Pages) -> np.ndarray:
+LITERAL = -1  # attn_kv_src: the row's bytes are the next row of attn_kv_delta
+
+
+def decode(ids: np.ndarray, shape: tuple[int, ...], rows: np.ndarray, src: np.ndarray, delta: np.ndarray,
+           pages: Pages) -> np.ndarray:
     """The full kv `[U, 2, Hkv, P, D]` from the earlier calls' page store and the differing rows."""
     if len(shape) != 5 or shape[0] != len(ids):
         raise DeltaError(f"{DELTA} says the call read {shape[0] if shape else '?'} pages, attn_page_ids has {len(ids)}")
     u, two, h, p, d = shape
-    if delta.shape != (rows.shape[0], two, h, d):
-        raise DeltaError(f"{DELTA} holds {list(delta.shape)}, not [{rows.shape[0]}, {two}, {h}, {d}]")
+    rows = rows.astype(np.int64)
+    lit = src == LITERAL
+    if src.shape != rows.shape or delta.shape != (int(lit.sum()), two, h, d):
+        raise DeltaError(f"{DELTA} holds {list(delta.shape)} for {int(lit.sum())} literal rows of [{two}, {h}, {d}]")
     if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= u * p):
         raise DeltaError(f"{ROWS} points past the call's {u * p} token rows")
     out = _base_rows(ids, tuple(shape), delta.dtype, pages).reshape(u * p, -1)
-    out[rows.astype(np.int64)] = delta.reshape(rows.shape[0], -1)
+    out[rows[lit]] = delta.reshape(delta.shape[0], out.shape[1])
+    stored = src >= 0
+    for r, s in zip(rows[stored].tolist(), src[stored].tolist(), strict=True):
+        page = pages.get(s // p)
+        if page is None or page.shape[1] != out.shape[1]:
+            raise DeltaError(f"{SRC} names page {s // p}, which no earlier call of the chain holds")
+        out[r] = page[s % p]
+    same = src <= -2
+    if same.any():
+        from_rows = -2 - src[same]
+        if int(from_rows.max()) >= u * p or not np.isin(from_rows, rows[lit]).all():
+            raise DeltaError(f"{SRC} names a row of this call that is not a literal")
+        out[rows[same]] = out[from_rows]
     return _from_rows(out, tuple(shape))
 
 
-def delta_arrays(chain: int, base: int, coded: tuple[np.ndarray, np.ndarray] | None, kv: np.ndarray) -> list[Any]:
+def delta_arrays(chain: int, base: int, coded: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+                 kv: np.ndarray) -> list[Any]:
     """The ArraySnapshots that replace a step's `attn_kv` in a bundle: the chain reference (`base`: the previous
     bundled call of the model, -1 for its first) plus the full kv (`coded` None) or the differing rows."""
     from ..schema import ArraySnapshot
@@ -144,8 +198,9 @@ def delta_arrays(chain: int, base: int, coded: tuple[np.ndarray, np.ndarray] | N
     ref = ArraySnapshot(REF, "int64", (2,), 0, np.array([chain, base], np.int64))
     if coded is None:
         return [ArraySnapshot("attn_kv", str(kv.dtype), tuple(kv.shape), 0, kv), ref]
-    rows, delta = coded
+    rows, src, delta = coded
     return [ref, ArraySnapshot(ROWS, "int32", tuple(rows.shape), 0, rows),
+            ArraySnapshot(SRC, "int64", tuple(src.shape), 0, src),
             ArraySnapshot(DELTA, str(delta.dtype), tuple(kv.shape), 0, delta)]
 
 
@@ -187,10 +242,11 @@ def _call_kv(s: Step, pages: Pages) -> tuple[np.ndarray, np.ndarray]:
     ids = np.asarray(a["attn_page_ids"].values).astype(np.int64)
     if "attn_kv" in a:
         return ids, np.asarray(a["attn_kv"].values)
-    missing = [n for n in (ROWS, DELTA) if n not in a]
+    missing = [n for n in (ROWS, SRC, DELTA) if n not in a]
     if missing:
         raise DeltaError(f"step {s.index}'s delta-coded KV lacks {missing[0]}")
-    return ids, decode(ids, tuple(a[DELTA].shape), np.asarray(a[ROWS].values), np.asarray(a[DELTA].values), pages)
+    return ids, decode(ids, tuple(a[DELTA].shape), np.asarray(a[ROWS].values), np.asarray(a[SRC].values),
+                       np.asarray(a[DELTA].values), pages)
 
 
 def _resolve(step: Step, chain: int, fetch: Callable[[int], Step] | None) -> np.ndarray:
