@@ -203,32 +203,41 @@ def decode(blob: bytes, base: np.ndarray | None = None) -> np.ndarray:
     Any damage raises TraceError; the result is read-only.
     """
     try:
-        return _decode(bytes(blob), base)
+        return _decode(blob if isinstance(blob, bytes) else bytes(blob), base)
     except TraceError:
         raise
     except (zlib.error, _z.error, struct.error, ValueError, TypeError, OverflowError, MemoryError) as e:
         raise TraceError(f"damaged array blob ({type(e).__name__}: {e})") from e
 
 
+_DTYPES: dict[bytes, np.dtype] = {}  # dtype strings a reader met, parsed once (a trace uses a handful)
+_SHAPES = [struct.Struct(f"<{n}Q") for n in range(_MAX_NDIM + 1)]
+
+
 def _parse_header(blob: bytes) -> tuple[int, np.dtype, tuple[int, ...], int]:
     """codec, dtype, shape and the payload offset of a blob."""
     if len(blob) < 6 or blob[:2] != MAGIC:
         raise TraceError("damaged array blob (bad magic)")
-    version, codec, dlen = struct.unpack_from("<BBB", blob, 2)
+    version, codec, dlen = blob[2], blob[3], blob[4]
     if version != VERSION:
         raise TraceError(f"array blob has unknown version {version}")
     if codec not in _ALL_CODECS:
         raise TraceError(f"array blob has unknown codec {codec}")
     pos = 5
-    dtype = np.dtype(blob[pos : pos + dlen].decode("ascii"))
+    key = bytes(blob[pos : pos + dlen])
+    dtype = _DTYPES.get(key)
+    if dtype is None:
+        dtype = np.dtype(key.decode("ascii"))
+        if dtype.kind not in _ALLOWED_KINDS:
+            raise TraceError(f"damaged array blob (dtype {dtype})")
+        if len(_DTYPES) < 256:
+            _DTYPES[key] = dtype
     pos += dlen
-    if dtype.kind not in _ALLOWED_KINDS:
-        raise TraceError(f"damaged array blob (dtype {dtype})")
     (ndim,) = struct.unpack_from("<B", blob, pos)
     pos += 1
     if ndim > _MAX_NDIM:
         raise TraceError(f"damaged array blob ({ndim} dimensions)")
-    shape = struct.unpack_from(f"<{ndim}Q", blob, pos)
+    shape = _SHAPES[ndim].unpack_from(blob, pos)
     pos += 8 * ndim
     if codec in _BASE_CODECS:
         pos += DIGEST_BYTES
@@ -256,7 +265,7 @@ def _decode(blob: bytes, base: np.ndarray | None) -> np.ndarray:
         raw = d.decompress(blob[pos:], nbytes + 1)
         ok = len(raw) == nbytes and d.eof and not d.unused_data
     else:
-        raw = blob[pos:]
+        raw = memoryview(blob)[pos:]  # no copy: the array is read-only and keeps the bytes alive
         ok = len(raw) == nbytes
     if not ok:
         raise TraceError("damaged array blob (payload length does not match its shape)")

@@ -552,8 +552,16 @@ class Body:
                 raise ValueError(f"request column {f} has the wrong length")
             cols[f] = col
         if all(f in cols for f in REQUEST_FIELDS):
-            # The usual case: every field present, so rows go in positionally (~5x faster than kwargs).
-            return [RequestState(*row) for row in zip(*(cols[f] for f in REQUEST_FIELDS), strict=True)]
+            # The usual case: every field present. A frozen dataclass's __init__ sets each field through
+            # object.__setattr__ (~2 us a row, 64 rows a step); filling the instance dict directly is the same
+            # object (fields, equality, hash, repr) at a fifth of the cost.
+            new, cls = object.__new__, RequestState
+            out = []
+            for row in zip(*(cols[f] for f in REQUEST_FIELDS), strict=True):
+                r = new(cls)
+                r.__dict__.update(zip(REQUEST_FIELDS, row, strict=True))
+                out.append(r)
+            return out
         known = [f for f in REQUEST_FIELDS if f in cols]
         return [RequestState(**{f: cols[f][j] for f in known}) for j in range(n)]
 
