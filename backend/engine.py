@@ -106,6 +106,10 @@ class Engine:
         self.gen = torch.Generator(device=dev).manual_seed(cfg.seed)
         self.stats = RunStats(accepted_by_position=[0] * self.num_drafts)
         self.iteration = 0
+        # flashinfer's paged-prefill wrapper plans on the host from cache_seqlens (it cannot be captured), so with
+        # --prefill-kernel flashinfer draft extend stays eager; SPECSCOPE_DRAFT_EXTEND_GRAPH=0 keeps it eager too.
+        self.draft_extend_graph = (getattr(kernels, "prefill", "") != "flashinfer"
+                                   and os.environ.get("SPECSCOPE_DRAFT_EXTEND_GRAPH", "1") != "0")
         if cfg.cuda_graph:
             self._capture()
 
@@ -125,7 +129,7 @@ class Engine:
             self.target.capture_graphs([(ForwardMode.TARGET_VERIFY, None, self.T)], self.cfg.batch_size,
                                        self._template(self.target), ladder)
             modes = [(ForwardMode.DRAFT_DECODE, i, 1) for i in range(self.num_draft_steps)]
-            if os.environ.get("SPECSCOPE_DRAFT_EXTEND_GRAPH", "1") != "0":  # 0: draft extend stays eager
+            if self.draft_extend_graph:
                 modes.append((ForwardMode.DRAFT_EXTEND, None, self.T))
             self.draft.capture_graphs(modes, self.cfg.batch_size, self._template(self.draft), ladder)
 
