@@ -124,6 +124,7 @@ async def measure(path: str, nav_steps: int, seed: int) -> dict:
         step_ms = [await key_to_frame("right_square_bracket") for _ in range(nav_steps)]
         back_ms = [await key_to_frame("left_square_bracket") for _ in range(nav_steps // 2)]
         step_cpu = list(cpu_ms)
+        held_ms, release_ms = await held_key(app, key_to_frame, frames)
         full_ms = [full(app.action_next_step) for _ in range(nav_steps // 3)]
         rng = random.Random(seed)
         goto_ms = [full(lambda: app.move_to(rng.randrange(n))) for _ in range(50)]
@@ -154,7 +155,39 @@ async def measure(path: str, nav_steps: int, seed: int) -> dict:
         "violation_jump_ms": round(max(jumps), 2), "violation_jumps": [round(j, 2) for j in jumps],
         "violation_jump_cpu_ms": round(max(cpu_ms), 2),
         "violation_steps": bad,
+        "held_key_repeat_p50_ms": round(statistics.median(held_ms), 2),
+        "held_key_repeat_p99_ms": round(_pct(held_ms, 0.99), 2),
+        "held_key_release_to_complete_ms": round(release_ms, 2),
     }  # fmt: skip
+
+
+async def held_key(app, key_to_frame, frames: list[float], repeats: int = 60, every_s: float = 0.033):
+    """`]` held down (a terminal repeats it every ~33 ms, the held-key stride grows): each repeat's key -> frame,
+    and the time from the last repeat until the frame in which the debounced panes (streams, draft chain,
+    acceptance) show the final step. Asserts that frame is complete."""
+    from specscope.ui.tui.app import Accelerator
+
+    app.accel.window = Accelerator().window
+    settled: list[float] = []
+    settle = app._settled
+
+    def on_settled() -> None:
+        settle()
+        settled.append(time.perf_counter())
+
+    app._settled = on_settled  # type: ignore[method-assign]
+    held = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        held.append(await key_to_frame("right_square_bracket"))
+        await asyncio.sleep(max(0.0, every_s - (time.perf_counter() - t)))
+    last = t  # the last repeat's key event; a settle before it (a slow repeat under load) does not count
+    while not settled or settled[-1] < last or frames[-1] < settled[-1]:
+        await asyncio.sleep(0.001)
+    assert app._timeline.current == app.current, (app._timeline.current, app.current)  # the final frame is complete
+    app._settled = settle  # type: ignore[method-assign]
+    app.accel.window = 0
+    return held, (frames[-1] - last) * 1000
 
 
 def cli_first_screen(path: str) -> float | None:

@@ -367,8 +367,9 @@ class SpecscopeApp(App[int]):
         self._status()
 
     def on_unmount(self) -> None:
-        """The collector's settings back to the process's."""
+        """The collector's settings back to the process's; the neighbour thread ends."""
         self.collector.stop()
+        self.source.stop_neighbours()
 
     def _tick(self) -> None:
         """Follow a growing trace; pick up background results; collect garbage while idle."""

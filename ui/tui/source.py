@@ -104,6 +104,7 @@ class TraceSource:
         self._step_want: list[int] = []
         self._step_wake = threading.Event()
         self._stepper: threading.Thread | None = None
+        self._closed = False
         self._captures: dict[int, int | None] = {}
         self.violations = ViolationIndex()
         self.checked_through: int | None = None  # steps the table's verdicts cover (None: never checked)
@@ -247,6 +248,8 @@ class TraceSource:
             self._step_want = [j for j in indices if 0 <= j < self._n and j not in self._grids]
             if not self._step_want:
                 return
+        if self._closed:
+            return
         if self._stepper is None:
             self._stepper = threading.Thread(target=self._step_loop, name="specscope-tui-neighbours", daemon=True)
             self._stepper.start()
@@ -254,9 +257,11 @@ class TraceSource:
 
     def _step_loop(self) -> None:
         with TraceReader(self.path) as r:
-            while True:
+            while not self._closed:
                 self._step_wake.wait()
                 with self._lock:
+                    if self._closed:
+                        break
                     if not self._step_want:
                         self._step_wake.clear()
                         continue
@@ -313,8 +318,14 @@ class TraceSource:
         hits = self.reader.find_steps(f, after=after, limit=1, backward=backward)
         return hits[0] if hits else None
 
+    def stop_neighbours(self) -> None:
+        """End the neighbour thread (the app is going away); `step` keeps working on the UI thread's reader."""
+        self._closed = True
+        self._step_wake.set()
+
     def close(self) -> None:
-        """Close the reader."""
+        """Close the reader (and end the neighbour thread)."""
+        self.stop_neighbours()
         self.reader.close()
 
 
