@@ -466,7 +466,7 @@ Workload: bs=64, contexts of 3500-4600 tokens in 64-token pages from a shared, f
 DRAFT_DECODE x3, TARGET_VERIFY (T=4), DRAFT_EXTEND per iteration, EXTEND on admissions; the nine
 standard arrays, 64 RequestStates and 2-3 spans per step. Steps (and the compact raw form the engine
 sends) are generated in untimed chunks; write throughput is `write_*` calls until a flush returned with
-every step committed. The `process` writer is what `specscope run` uses (pickles over a pipe to a child
+every step committed. The `process` writer is what `specscope run` uses (binary step frames over a pipe to a child
 that encodes and commits synchronously); `sync` is that child's `TraceWriter(threaded=False)` fed Step
 objects in-process; `thread` the in-process threaded writer.
 

@@ -197,6 +197,26 @@ def encode(arr: np.ndarray, *, compress: bool = True) -> bytes:
     return header + (_z.compress(raw, ZLIB_LEVEL) if compress else raw)
 
 
+def encode_parts_raw(arr: np.ndarray) -> tuple[bytes, bytes]:
+    """`encode(arr, compress=False)` as (header, payload): the same bytes once joined."""
+    arr = _contiguous(arr)
+    key = (arr.dtype, arr.shape, False)
+    hit = _headers.get(key)
+    if hit is None:
+        _check_encodable(arr)
+        codec = _codec_for(arr, False)
+        if len(_headers) > 4096:
+            _headers.clear()
+        hit = _headers[key] = (_header(codec, arr), codec in _DELTA_CODECS and arr.shape[-1] > 1)
+    header, delta = hit
+    if delta:
+        data = np.empty_like(arr)
+        data[..., :1] = arr[..., :1]
+        np.subtract(arr[..., 1:], arr[..., :-1], out=data[..., 1:])  # wraps, as encode() does
+        arr = data
+    return header, arr.tobytes()
+
+
 def decode(blob: bytes, base: np.ndarray | None = None) -> np.ndarray:
     """Decode a blob made by `encode` (or `encode_with_base`, given its base array).
 

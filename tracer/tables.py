@@ -226,10 +226,11 @@ class _Inline:
         self.size = 0
 
     def add(self, arr: np.ndarray) -> list[int]:
-        b = codec.encode(arr, compress=False)
-        self.parts.append(b)
-        self.size += len(b)
-        return [self.size - len(b), len(b)]
+        header, data = codec.encode_parts_raw(arr)
+        self.parts += (header, data)  # joined once with the whole container, not per array
+        n = len(header) + len(data)
+        self.size += n
+        return [self.size - n, n]
 
 
 def _int_table(cols: Sequence[Sequence[int]], n: int) -> np.ndarray:
@@ -319,7 +320,9 @@ class StepColumns:
 
 def narrow_ints(a: np.ndarray) -> np.ndarray:
     """int32 when every value fits (token ids, lengths, slots always do): half the bytes to compress."""
-    if a.size == 0 or (int(a.min()) >= _I32.min and int(a.max()) <= _I32.max):
+    # The ufuncs' own reductions: a.min() / a.max() add a Python wrapper each, on the writer's per-step path.
+    if a.size == 0 or (int(np.minimum.reduce(a, axis=None)) >= _I32.min
+                       and int(np.maximum.reduce(a, axis=None)) <= _I32.max):  # fmt: skip
         return a.astype(np.int32)
     return a.astype(np.int64, copy=False)
 
