@@ -118,6 +118,10 @@ def test_range_slider_moves_the_window(client: object) -> None:
     assert steps and min(steps) >= 40 and max(steps) <= 59
     assert all(40 <= x <= 59 for x in overlap["data"][-1]["x"])
     assert "steps 40–59" in texts(out[3])  # type: ignore[index]
+    # The overview is patched, not sent again: only its shaded window moves.
+    patch = texts(out[2])  # type: ignore[index]
+    assert "__dash_patch_update" in patch and '"shapes"' in patch and '"data"' not in patch and len(patch) < 2000
+    assert '"x0": 39.5' in patch and '"x1": 59.5' in patch
     status, out = call(client, [("tl-gantt", "figure"), ("tl-overlap", "figure"), ("tl-overview", "figure"),
                                 ("tl-stats", "children"), ("tl-gaps", "children")], [("tl-range", "value", "DROP")])
     assert status == 200 and "two step indexes" in texts(out)

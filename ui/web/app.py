@@ -340,8 +340,10 @@ def _register(app: Dash, d: Dashboard) -> None:
         src = d.source("a")
         n = src.num_steps()
         lo, hi = _int(value[0], "range start", 0, n), _int(value[1], "range end", 0, n)
-        w = pages.timeline_window(src, min(lo, hi), max(lo, hi) + 1, wait=0.0)
-        return w["gantt"], w["overlap"], w["overview"], w["stats"], w["gaps"]
+        w = pages.timeline_window(src, min(lo, hi), max(lo, hi) + 1, overview=False)
+        shade = dash.Patch()  # only the shaded window moves: not the whole overview (~250 KB) again
+        shade["layout"]["shapes"] = [w["window"]]
+        return w["gantt"], w["overlap"], shade, w["stats"], w["gaps"]
 
     @app.callback(Output("tl-range", "value"), Input("tl-overview", "clickData"), State("tl-range", "value"),
                   prevent_initial_call=True)

@@ -105,8 +105,10 @@ def loading_note(*sources: TraceSource) -> list[html.Div]:
     return out
 
 
-def timeline_window(src: TraceSource, lo: int, hi: int, wait: float = WAIT_S) -> dict[str, object]:
-    """Figures and texts of the timeline for the step window [lo, hi) (`wait`: for summaries still loading)."""
+def timeline_window(src: TraceSource, lo: int, hi: int, wait: float = WAIT_S,
+                    overview: bool = True) -> dict[str, object]:
+    """Figures and texts of the timeline for the step window [lo, hi) (`wait`: for summaries still loading);
+    without `overview`, its "window" entry is the shaded window's shape alone (the overview stays as drawn)."""
     n = src.num_steps()
     lo, hi, cut = clamp_window(lo, hi, n)
     spans = src.spans(lo, hi)
@@ -127,7 +129,8 @@ def timeline_window(src: TraceSource, lo: int, hi: int, wait: float = WAIT_S) ->
     return {
         "gantt": figures.gantt_figure(spans),
         "overlap": figures.overlap_figure(rows),
-        "overview": figures.overview_figure(models.step_durations(src.columns(wait)), (lo, hi)),
+        "overview": figures.overview_figure(models.step_durations(src.columns(wait)), (lo, hi)) if overview else None,
+        "window": figures.window_shape((lo, hi)),
         "stats": kv_table(stats, id="tl-window-stats"),
         "gaps": table(["largest idle gaps (steps)", "idle"], gap_rows) if gap_rows else html.P("no compute idle gaps"),
     }
