@@ -199,17 +199,17 @@ class _Frame:
 
 
 def _int_columns(cols: dict[str, Any], names: tuple[str, ...], n: int) -> np.ndarray:
-    rows = []
-    for c in names:
-        v = cols.get(c)
-        if v is None:
-            rows.append(np.zeros(n, np.int64))
-            continue
-        a = np.asarray(v)
-        if a.shape != (n,) or a.dtype.kind not in "iub" or a.dtype == np.uint64:
-            raise TypeError(f"request column {c} is not {n} ints")
-        rows.append(a)
-    return np.array(rows, dtype=np.int64) if rows else np.zeros((0, n), np.int64)
+    if not n:
+        return np.zeros((len(names), 0), np.int64)
+    rows = [cols.get(c) for c in names]
+    if any(v is None for v in rows):
+        rows = [np.zeros(n, np.int64) if v is None else v for v in rows]
+    # One conversion for all columns (half the cost of one per column); ragged columns raise ValueError, ints
+    # beyond int64 give an object array, floats a float array: all of them go as pickles.
+    a = np.array(rows)
+    if a.shape != (len(names), n) or a.dtype.kind not in "iub" or a.dtype == np.uint64:
+        raise TypeError("request columns are not ints of one length")
+    return a
 
 
 def encode_step_frame(raw: dict[str, Any]) -> list[Any]:
