@@ -195,3 +195,21 @@ def test_steps_a_frame_cannot_carry_go_as_pickles_and_fail_in_the_child(tmp_path
             w.close()
         with TraceReader(path) as r:
             assert r.num_steps() == 1 and r.step(0) == make_step(0)
+
+
+def test_frames_larger_than_the_childs_read_buffer(tmp_path: os.PathLike[str]) -> None:
+    import dataclasses
+
+    import numpy as np
+    from specscope.tracer.schema import ArraySnapshot
+
+    path = os.path.join(tmp_path, "big.db")
+    big = np.random.default_rng(0).standard_normal((1200, 1100)).astype(np.float32)  # 5.3 MB > the 4 MiB buffer
+    steps = [make_step(0), dataclasses.replace(make_step(1), arrays=make_step(1).arrays + (
+        ArraySnapshot("attn_probe", "float32", big.shape, 0, big),)), make_step(2)]  # fmt: skip
+    w = ProcessTraceWriter(path, make_run())
+    for s in steps:
+        w.write_step(s)
+    w.close()
+    with TraceReader(path) as r:
+        assert [r.step(i) for i in range(3)] == steps
