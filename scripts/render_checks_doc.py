@@ -79,6 +79,12 @@ def main() -> None:
             fired = f"{r['fired']} ({r['first_fired']})" if r["fired"] else "**never**"
             out.append(f"| `{r['fault']}` | {settings} | {r['expected']} | {first} | {fired} | {also} | "
                        f"{r['clean_errors']} |")
+        missing = [f.name for f in FAULTS if f.name not in {r["fault"] for r in t["rows"]}
+                   and (not f.gpu_only or "cpu" not in t["device"].lower())]
+        if missing:
+            out += ["", "Not in this table (it predates them, or the engine loop it ran is older than the current "
+                    "one): "
+                    + ", ".join(f"`{m}`" for m in missing) + "."]
     if not any("cpu" not in t["device"].lower() for t in tables):
         out += ["", "## Detection on the H200", "",
                 "Not yet re-run with trace v2 (the earlier table graded engine flags, so it is not shown). To make it:",
