@@ -37,7 +37,7 @@ REF, ROWS, SRC, DELTA = "attn_kv_ref", "attn_kv_rows", "attn_kv_src", "attn_kv_d
 KV_ARRAYS = ("attn_page_ids", "attn_kv", REF, ROWS, SRC, DELTA)  # what resolving a base call reads of a step
 NO_BASE = -1
 _CACHE_ENTRIES = 16
-_CACHE_BYTES = 512 << 20
+_CACHE_BYTES = 256 << 20
 _MAX_CHAIN = 1 << 16  # a base chain longer than any bundle: damage (or a loop)
 
 
@@ -112,13 +112,19 @@ def advance(pages: Pages, ids: np.ndarray, kv: np.ndarray) -> Pages:
     return out
 
 
-def _store_index(pages: Pages) -> dict[bytes, int]:
-    """Every token row the earlier calls hold, by content -> `page id * P + row` (the first one found)."""
+def _store_index(pages: Pages, ids: np.ndarray) -> dict[bytes, int]:
+    """The token rows the earlier calls hold for the pages this call reads, by content -> `page id * P + row`.
+
+    Only this call's pages: they hold every live request's rows, and the index stays the size of one call however
+    long the bundle (pages of finished requests are not searched)."""
     index: dict[bytes, int] = {}
-    for pid, page in pages.items():
+    for pid in ids.tolist():
+        page = pages.get(int(pid))
+        if page is None:
+            continue
         p = page.shape[0]
         for t in range(p):
-            index.setdefault(page[t].tobytes(), pid * p + t)
+            index.setdefault(page[t].tobytes(), int(pid) * p + t)
     return index
 
 
@@ -137,7 +143,7 @@ def encode(ids: np.ndarray, kv: np.ndarray, pages: Pages | None
     base = _base_rows(ids, kv.shape, kv.dtype, pages).reshape(u * p, -1)
     differ = np.any(cur.view(np.uint8) != base.view(np.uint8), axis=1)  # bytes: NaN and -0.0 are kept exactly
     idx = np.flatnonzero(differ)
-    index = _store_index(pages) if idx.size else {}
+    index = _store_index(pages, ids) if idx.size else {}
     src = np.full(idx.size, LITERAL, dtype=np.int64)
     first: dict[bytes, int] = {}
     literal = []
