@@ -103,6 +103,59 @@ async def test_held_key_moves_further_than_the_presses(clean_trace: str) -> None
         assert app.current == moved - 1
 
 
+def _cells(app: SpecscopeApp) -> list[list[tuple[str, object]]]:
+    """Every cell on screen: its character and its style without meta (what the terminal shows)."""
+    rows = []
+    for strip in app.screen._compositor.render_strips():
+        row = []
+        for seg in strip:
+            st = seg.style.copy() if seg.style is not None else None
+            if st is not None:
+                st._meta = None
+            row.extend((ch, st) for ch in seg.text)
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.anyio
+async def test_partial_repaints_leave_the_screen_a_fresh_app_draws() -> None:
+    """Each step repaints only the lines that changed (text panes, table rows, grid rows): after a walk over steps
+    whose batch size changes (held, then lone presses, then a jump) the screen is cell for cell what an app
+    opened at that step draws."""
+    path = sample("h200-graphs-changing-bs")
+    size = (120, 40)  # the side column too
+    app = SpecscopeApp(path)
+    async with app.run_test(size=size) as pilot:
+        await app.ready()
+        clock = FakeClock()
+        app.accel = Accelerator(window=0.1, clock=clock)
+        for _ in range(12):  # held: the debounced panes follow on release
+            await pilot.press("right_square_bracket")
+            clock.t += 0.03
+        clock.t += 1.0
+        for key in ["right_square_bracket"] * 9 + ["left_square_bracket"] * 4:
+            await pilot.press(key)
+            clock.t += 1.0
+        assert app.goto_text("+37") is None  # a jump past the batch-size change, then lone steps
+        for _ in range(4):
+            await pilot.press("right_square_bracket")
+            clock.t += 1.0
+        await pilot.pause(0.3)  # the release timer
+        await pilot.pause()
+        here, walked = app.current, _cells(app)
+        scrolls = [(w.scroll_offset.x, w.scroll_offset.y) for w in (app._steps, app._requests, app._grid_w)]
+    fresh = SpecscopeApp(path, start=here)
+    async with fresh.run_test(size=size) as pilot:
+        await fresh.ready()
+        fresh.move_to(here, app.highlight)
+        for w, (x, y) in zip((fresh._steps, fresh._requests, fresh._grid_w), scrolls, strict=True):
+            w.scroll_to(x=x, y=y, animate=False, immediate=True)  # the walk's scroll positions (history, not state)
+        await pilot.pause()
+        drawn = _cells(fresh)
+    for y, (a, b) in enumerate(zip(walked, drawn, strict=True)):
+        assert a == b, (y, "".join(c for c, _ in a), "".join(c for c, _ in b))
+
+
 @pytest.mark.anyio
 async def test_go_to_step_and_bad_input(clean_trace: str) -> None:
     app = SpecscopeApp(clean_trace)

@@ -11,7 +11,7 @@ from rich.text import Text
 from specscope.tracer.schema import ForwardMode, SpanRow, Step, StepSummary, Violation
 from textual import events
 from textual.binding import Binding
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -346,8 +346,11 @@ class RequestsTable(ScrollView, can_focus=True):
                          (tuple(draft), None, sum(text_width(t) for t, _ in draft)), _tcell(acc, _S_GREEN)])
         for b in range(len(st.requests), st.padded_batch_size):
             rows.append([_tcell(str(b), _S_PAD), _tcell("pad", _S_PAD)] + [_EMPTY] * 6)
+        same_frame = len(rows) == len(self.rows) and self.size.height > 0
+        old_widths = self.widths
         self.rows = rows
         self.widths = [max([len(h)] + [r[c][2] for r in rows]) for c, h in enumerate(self.HEADERS)]
+        same_frame = same_frame and self.widths == old_widths
         self._rendered.clear()
         self.highlight_row = highlight_row
         self.cursor_row = highlight_row if highlight_row is not None and highlight_row < len(rows) else min(
@@ -358,7 +361,10 @@ class RequestsTable(ScrollView, can_focus=True):
             self.styles.height = want  # a layout pass only when the batch size changes
         _grow_virtual(self, sum(self.widths) + 2 * len(self.widths), len(rows) + 1)
         self._reveal()
-        self.refresh()
+        if same_frame:  # same rows and column widths: the border and header stay, the rows are repainted
+            self.refresh(Region(0, 1, self.size.width, max(0, self.size.height - 1)))
+        else:
+            self.refresh()
 
     def _reveal(self) -> None:
         h = max(1, self.size.height - 1)
@@ -485,14 +491,31 @@ class PageGrid(ScrollView, can_focus=True):
 
     def show(self, grid: m.Grid | None, highlight: m.Cell | None) -> None:
         """Draw a new step's grid (keeps the zoom unless auto-fit is on)."""
+        old = self._frame_key()
         self.grid = grid
         self.highlight = highlight
         self._lines.clear()
         if grid is not None and self._auto_fit:
             self.zoom = self._fit_index()
-        self._sync()
+        if grid is not None and old is not None and old == self._frame_key():
+            # Same shape, zoom and scroll: the border, column header and legend stay; only the rows (and the
+            # `end` row of cu_seqlens) are repainted.
+            sy = int(self.scroll_offset.y)
+            bottom = min(self.size.height, grid.rows + 2 - sy)  # line y shows row sy + y - 1; `end` after them
+            if bottom > 1:
+                self.refresh(Region(0, 1, self.size.width, bottom - 1))
+        else:
+            self._sync()
         if grid is not None and highlight is not None and highlight.row is not None:
             self.reveal(highlight)
+
+    def _frame_key(self) -> tuple | None:
+        """What the lines around the rows depend on (None: no grid)."""
+        g = self.grid
+        if g is None:
+            return None
+        return (g.rows, g.cols, self.zoom, self._cell_w(), self.size, int(self.scroll_offset.x),
+                int(self.scroll_offset.y), self.virtual_size)
 
     def on_resize(self) -> None:
         """Fit again for the new width (a grid shown before the first layout was fitted to no width)."""
