@@ -119,6 +119,12 @@ def test_idle_collector_postpones_full_passes_until_the_keys_pause() -> None:
         assert not c.tick()  # keys still coming
         now[0] += 0.4
         assert c.tick() and not c.tick()  # one full pass per pause
+        for _ in range(70):  # a view that never rests (a followed live run): still one pass every max_wait_s
+            c.moved()
+            now[0] += 0.25
+            if c.tick():
+                break
+        assert now[0] - c.last < 0.5 and c.collected == now[0]
     finally:
         c.stop()
     assert gc.get_threshold() == saved and gc.get_freeze_count() == 0

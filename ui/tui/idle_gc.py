@@ -19,9 +19,10 @@ FULL_PASS_EVERY = 1000  # middle-generation passes between automatic full passes
 class IdleCollector:
     """Start-up objects frozen, automatic full passes made rare, one full pass after each burst of moves."""
 
-    def __init__(self, idle_s: float = 0.75, clock: Callable[[], float] = time.monotonic) -> None:
-        self.idle_s, self.clock = idle_s, clock
-        self.last = clock()
+    def __init__(self, idle_s: float = 0.75, max_wait_s: float = 15.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.idle_s, self.max_wait_s, self.clock = idle_s, max_wait_s, clock
+        self.last = self.collected = clock()
         self.due = False
         self._saved: tuple[int, int, int] | None = None
 
@@ -40,9 +41,12 @@ class IdleCollector:
         self.due = True
 
     def tick(self) -> bool:
-        """Called on the UI's timer: run the owed full pass when idle long enough; returns whether it ran."""
-        if self.due and self.clock() - self.last >= self.idle_s:
+        """Called on the UI's timer: run the owed full pass when idle long enough, or when the view never rests
+        (a followed live run moves it every tick) after `max_wait_s`; returns whether it ran."""
+        now = self.clock()
+        if self.due and (now - self.last >= self.idle_s or now - self.collected >= self.max_wait_s):
             self.due = False
+            self.collected = now
             gc.collect()
             return True
         return False
