@@ -7,7 +7,7 @@ bundles it three ways with the same writer:
 - `before`: the previous format: attn_q / attn_out / attn_kv widened to float32 (what the recorder stored before it
   kept the pool's width) and every call's full attn_kv (no delta);
 - `width only`: the pool's width, full attn_kv per call;
-- `after`: the pool's width and attn_kv delta-coded per model (the default `specscope export --bundle`).
+- `after`: the pool's width, attn_kv delta-coded per model, byte planes (the default `specscope export --bundle`).
 
     python benchmarks/bundle_size.py --dtype bfloat16 --out benchmarks/results/bundle_size-bf16.json
     python benchmarks/bundle_size.py --trace T.db          # an existing trace instead of recording one

@@ -12,7 +12,7 @@ from specscope.tracer.checks import check_steps
 from specscope.tracer.errors import TraceError
 from specscope.tracer.export.attention_call import recorded_call
 from specscope.tracer.export.bundle import bundle_steps, environment, open_trace_or_bundle
-from specscope.tracer.export.kv_delta import KV_ARRAYS, stored_kv
+from specscope.tracer.export.kv_delta import KV_ARRAYS, PLANED, raw_values, stored_kv
 from specscope.tracer.schema import ArraySnapshot, ForwardMode, Step
 from specscope.tracer.store import TraceReader
 from specscope.ui.cli import main
@@ -38,7 +38,9 @@ def verify_steps(path: str) -> list[int]:
 
 
 def without_kv(step: Step) -> tuple[ArraySnapshot, ...]:
-    return tuple(a for a in step.arrays if a.name not in KV_ARRAYS or a.name == "attn_page_ids")
+    """The arrays a bundle keeps as they are (not the delta-coded KV, nor the byte-planed q / out)."""
+    return tuple(a for a in step.arrays if (a.name not in KV_ARRAYS or a.name == "attn_page_ids")
+                 and a.name not in PLANED)
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str], *expect: str) -> None:
@@ -85,6 +87,8 @@ def test_bundle_round_trip(fault: str, tmp_path: Path, capsys: pytest.CaptureFix
                 assert without_kv(a_) == without_kv(b_)  # the KV pages travel delta-coded (test below)
                 if b_.array("attn_kv") is not None:
                     assert stored_kv(a_).tobytes() == b_.array("attn_kv").values.tobytes()
+                    for name in ("attn_q", "attn_out"):  # byte planes in the bundle, the same bytes back
+                        assert raw_values(a_, name).tobytes() == b_.array(name).values.tobytes()
         found = list(check_steps(r.steps()))
         assert r.run.command == command
     assert [x["check_id"] for x in check["bundle_check"]] == [x.check_id for x in found]
@@ -307,3 +311,21 @@ def test_delta_codec_keeps_every_byte() -> None:
         kv_delta.decode(ids_b, b.shape, np.array([99], np.int32), np.array([-1]), lit[:1], pages)
     with pytest.raises(kv_delta.DeltaError, match="no earlier call"):
         kv_delta.decode(ids_b, b.shape, np.array([0], np.int32), np.array([55 * 8]), lit[:0], pages)
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.float32, np.int64])
+def test_byte_planes_round_trip(dtype: type) -> None:
+    from specscope.tracer.export import kv_delta
+
+    rng = np.random.default_rng(1)
+    v = rng.integers(-(2**15), 2**15, size=(3, 2, 5)).astype(dtype)
+    if dtype is np.float32:
+        v = rng.standard_normal((3, 2, 5)).astype(np.float32)
+        v[0, 0, 0], v[0, 0, 1] = np.nan, -0.0
+    p = kv_delta.to_planes(v)
+    assert p.dtype == np.uint8 and p.shape == (v.dtype.itemsize, *v.shape)
+    assert np.array_equal(p[-1], v.view(np.uint8).reshape(*v.shape, -1)[..., 0])  # the last plane: the low bytes
+    back = kv_delta.from_planes(p)
+    assert back.dtype == v.dtype and back.tobytes() == v.tobytes()
+    with pytest.raises(kv_delta.DeltaError, match="byte planes"):
+        kv_delta.from_planes(np.zeros((3, 4), np.uint8))

@@ -147,9 +147,9 @@ def recorded_call(step: Step, fetch: Callable[[int], Step] | None = None) -> Rec
     if missing:
         raise NoRecordedCall(f"step {step.index}: the recorded attention call lacks {missing[0]}")
     dt = recorded_dtype(step)
-    q = widen(a["attn_q"].values, dt, "attn_q")
-    out = widen(a["attn_out"].values, dt, "attn_out").reshape(q.shape)
     try:
+        q = widen(kv_delta.raw_values(step, "attn_q"), dt, "attn_q")
+        out = widen(kv_delta.raw_values(step, "attn_out"), dt, "attn_out").reshape(q.shape)
         kv_stored = kv_delta.stored_kv(step, fetch)
     except kv_delta.DeltaError as e:
         raise NoRecordedCall(f"step {step.index}: {e}") from None

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import TraceError
 from ..reader import TraceReader
-from ..schema import Step, Violation
+from ..schema import ArraySnapshot, Step, Violation
 from ..writer import TraceWriter
 from . import kv_delta
 
@@ -279,7 +279,12 @@ class _KVCoder:
         self.last[step.model] = (step.index, kv_delta.advance({} if prev is None else prev[1], ids, kv))
         new = kv_delta.delta_arrays(self.chain, kv_delta.NO_BASE if prev is None else prev[0], coded, kv)
         self.stored_bytes += sum(a.values.nbytes for a in new)
-        return dataclasses.replace(step, arrays=keep + tuple(new))
+        # Byte planes (kv_delta.to_planes) for the float payloads: their high bytes compress apart from the low.
+        arrays = [dataclasses.replace(a, values=kv_delta.to_planes(np.asarray(a.values)))
+                  if a.name in kv_delta.PLANED and np.asarray(a.values).dtype.itemsize in (2, 4, 8) else a
+                  for a in (*keep, *new)]
+        marker = ArraySnapshot(kv_delta.PLANES, "uint8", (1,), 0, np.array([1], np.uint8))
+        return dataclasses.replace(step, arrays=(*arrays, marker))
 
 
 def _renumber(step: Step, index: int) -> Step:

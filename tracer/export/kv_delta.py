@@ -34,11 +34,47 @@ import numpy as np
 from ..schema import Step
 
 REF, ROWS, SRC, DELTA = "attn_kv_ref", "attn_kv_rows", "attn_kv_src", "attn_kv_delta"
-KV_ARRAYS = ("attn_page_ids", "attn_kv", REF, ROWS, SRC, DELTA)  # what resolving a base call reads of a step
+KV_ARRAYS = ("attn_page_ids", "attn_kv", REF, ROWS, SRC, DELTA, "attn_planes")  # what resolving a base call reads
 NO_BASE = -1
 _CACHE_ENTRIES = 16
 _CACHE_BYTES = 256 << 20
 _MAX_CHAIN = 1 << 16  # a base chain longer than any bundle: damage (or a loop)
+
+
+PLANES = "attn_planes"  # uint8 [1]: present when attn_q / attn_out / attn_kv / attn_kv_delta are stored as byte planes
+_PLANE_DTYPES = {2: np.dtype("<i2"), 4: np.dtype("<f4"), 8: np.dtype("<i8")}  # the stored widths (attention_call)
+
+
+def to_planes(v: np.ndarray) -> np.ndarray:
+    """uint8 `[k, *shape]`: the k bytes of each element, most significant first (high bytes of bf16 or float32 are
+    sign and exponent, which compress; the low bytes hardly do, and interleaved they spoil each other)."""
+    dt = _PLANE_DTYPES[v.dtype.itemsize]
+    b = np.ascontiguousarray(v, dtype=v.dtype.newbyteorder("<")).view(np.uint8).reshape(*v.shape, dt.itemsize)
+    return np.ascontiguousarray(np.moveaxis(b[..., ::-1], -1, 0))
+
+
+def from_planes(p: np.ndarray) -> np.ndarray:
+    """Inverse of `to_planes`: int16 (2 planes), float32 (4) or int64 (8), in native byte order."""
+    k = p.shape[0] if p.ndim else 0
+    if p.dtype != np.uint8 or k not in _PLANE_DTYPES:
+        raise DeltaError(f"byte planes must be uint8 [2|4|8, ...], not {p.dtype} {list(p.shape)}")
+    b = np.ascontiguousarray(np.moveaxis(p[::-1], 0, -1))
+    out = b.view(_PLANE_DTYPES[k]).reshape(p.shape[1:])
+    return out.astype(out.dtype.newbyteorder("="))
+
+
+def raw_values(step: Step, name: str) -> np.ndarray:
+    """The values of array `name` at their stored width (undoing a bundle's byte planes)."""
+    a = step.array(name)
+    if a is None:
+        raise DeltaError(f"the recorded attention call lacks {name}")
+    v = np.asarray(a.values)
+    if step.array(PLANES) is not None and name in PLANED:
+        return from_planes(v)
+    return v
+
+
+PLANED = ("attn_q", "attn_out", "attn_kv", "attn_kv_delta")
 
 
 class DeltaError(ValueError):
@@ -214,15 +250,13 @@ def stored_kv(step: Step, fetch: Callable[[int], Step] | None = None) -> np.ndar
     """The step's `attn_kv` as stored (raw width), resolving a bundle's delta chain."""
     a = {x.name: x for x in step.arrays}
     if REF not in a:
-        if "attn_kv" not in a:
-            raise DeltaError("the recorded attention call lacks attn_kv")
-        return np.asarray(a["attn_kv"].values)
+        return raw_values(step, "attn_kv")
     chain, base = _ref(a, step.index)
     hit = _cache_get((chain, step.index))
     if hit is not None:
         return hit[1]
     if "attn_kv" in a:
-        kv = np.asarray(a["attn_kv"].values)
+        kv = raw_values(step, "attn_kv")
         # Remember the page store after it, so a sequential read (as `check` does) decodes the next call.
         before = {} if base == NO_BASE else (_cache_get((chain, base)) or (None, None))[0]
         if before is not None and "attn_page_ids" in a:
@@ -247,12 +281,12 @@ def _call_kv(s: Step, pages: Pages) -> tuple[np.ndarray, np.ndarray]:
         raise DeltaError(f"step {s.index}'s recorded call lacks attn_page_ids")
     ids = np.asarray(a["attn_page_ids"].values).astype(np.int64)
     if "attn_kv" in a:
-        return ids, np.asarray(a["attn_kv"].values)
+        return ids, raw_values(s, "attn_kv")
     missing = [n for n in (ROWS, SRC, DELTA) if n not in a]
     if missing:
         raise DeltaError(f"step {s.index}'s delta-coded KV lacks {missing[0]}")
     return ids, decode(ids, tuple(a[DELTA].shape), np.asarray(a[ROWS].values), np.asarray(a[SRC].values),
-                       np.asarray(a[DELTA].values), pages)
+                       raw_values(s, DELTA), pages)
 
 
 def _resolve(step: Step, chain: int, fetch: Callable[[int], Step] | None) -> np.ndarray:
