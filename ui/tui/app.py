@@ -286,7 +286,12 @@ class SpecscopeApp(App[int]):
         src.prefetch(i - WINDOW - BLOCK, i + WINDOW + BLOCK)
         if PREFETCH_NEIGHBOURS:
             d = (i - self._shown) or 1  # the way the keys go: the next press most likely moves as far again
-            src.prefetch_steps((i + d, i - d))
+            # ... and where `n` / `N` would jump (their summaries too, for the step list around them).
+            jumps = [j for j in (src.violations.next_step(i), src.violations.next_step(i, backward=True))
+                     if j is not None]
+            src.prefetch_steps([i + d, i - d, *jumps])
+            for j in jumps:
+                src.prefetch(j - BLOCK, j + BLOCK)
         self._shown = i
 
     def _settled(self) -> None:
