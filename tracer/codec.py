@@ -210,9 +210,8 @@ def encode_parts_raw(arr: np.ndarray) -> tuple[bytes, bytes]:
         hit = _headers[key] = (_header(codec, arr), codec in _DELTA_CODECS and arr.shape[-1] > 1)
     header, delta = hit
     if delta:
-        data = np.empty_like(arr)
-        data[..., :1] = arr[..., :1]
-        np.subtract(arr[..., 1:], arr[..., :-1], out=data[..., 1:])  # wraps, as encode() does
+        data = arr.copy()
+        np.subtract(data[..., 1:], arr[..., :-1], out=data[..., 1:])  # wraps, as encode() does
         arr = data
     return header, arr.tobytes()
 

@@ -362,7 +362,7 @@ def encode_columns(c: StepColumns, blob_ref: Callable[[str, np.ndarray], str]) -
     n = int(table.shape[1])
     if table.shape[0] != len(REQUEST_INT_FIELDS) + len(REQUEST_TUPLE_FIELDS):
         raise ValueError(f"step {idx}: the request table has {table.shape[0]} rows")
-    if n and int(table[len(REQUEST_INT_FIELDS):].sum()) != len(c.values):
+    if n and int(np.add.reduce(table[len(REQUEST_INT_FIELDS) :], axis=None)) != len(c.values):
         raise ValueError(f"step {idx}: the request tuple lengths do not add up to their values")
     inline = _Inline()
     arrays = []
@@ -399,7 +399,7 @@ def encode_columns(c: StepColumns, blob_ref: Callable[[str, np.ndarray], str]) -
     drafted = 0
     if mode == ForwardMode.TARGET_VERIFY and n:
         hist = fast_dumps(np.bincount(np.maximum(table[_I_ACCEPT], 0)).tolist()).decode()
-        drafted = int(table[_I_DRAFT_LEN].sum())
+        drafted = int(np.add.reduce(table[_I_DRAFT_LEN]))
     elif mode == ForwardMode.TARGET_VERIFY:
         hist = "[]"
     step_id = h.get("step_id")
@@ -409,7 +409,7 @@ def encode_columns(c: StepColumns, blob_ref: Callable[[str, np.ndarray], str]) -
         int(h["batch_size"]), int(h["padded_batch_size"]), GraphPhase(h["graph"]).value,
         int(h["tokens_per_request"]), int(h["num_draft_tokens"]), int(h["page_size"]), int(h["start_ns"]),
         int(h["end_ns"]), fast_dumps({str(k): int(v) for k, v in scalars.items()} if scalars else {}).decode(),
-        int(table[_I_QLEN].sum()) if n else 0, drafted, hist,
+        int(np.add.reduce(table[_I_QLEN])) if n else 0, drafted, hist,
     )  # fmt: skip
     req_row = None
     ids: list[int] = []
