@@ -175,10 +175,10 @@ def base_digest(blob: bytes) -> bytes | None:
     return d
 
 
-def encode(arr: np.ndarray, *, compress: bool = True) -> bytes:
-    """Encode `arr` as a self-describing blob (zlib-compressed unless `compress=False`)."""
-    arr = _contiguous(arr)
-    # Steps repeat a few (dtype, shape) pairs; caching their headers keeps small arrays cheap.
+def _cached_header(arr: np.ndarray, compress: bool) -> tuple[bytes, bool]:
+    """(blob header, whether the codec delta-codes the last axis) of a contiguous array.
+
+    Steps repeat a few (dtype, shape) pairs; caching their headers keeps small arrays cheap."""
     key = (arr.dtype, arr.shape, compress)
     hit = _headers.get(key)
     if hit is None:
@@ -187,7 +187,13 @@ def encode(arr: np.ndarray, *, compress: bool = True) -> bytes:
         if len(_headers) > 4096:
             _headers.clear()
         hit = _headers[key] = (_header(codec, arr), codec in _DELTA_CODECS and arr.shape[-1] > 1)
-    header, delta = hit
+    return hit
+
+
+def encode(arr: np.ndarray, *, compress: bool = True) -> bytes:
+    """Encode `arr` as a self-describing blob (zlib-compressed unless `compress=False`)."""
+    arr = _contiguous(arr)
+    header, delta = _cached_header(arr, compress)
     if delta:
         # Integer subtraction wraps, so cumsum in the same dtype restores the values exactly.
         data = arr.copy()
@@ -200,15 +206,7 @@ def encode(arr: np.ndarray, *, compress: bool = True) -> bytes:
 def encode_parts_raw(arr: np.ndarray) -> tuple[bytes, bytes]:
     """`encode(arr, compress=False)` as (header, payload): the same bytes once joined."""
     arr = _contiguous(arr)
-    key = (arr.dtype, arr.shape, False)
-    hit = _headers.get(key)
-    if hit is None:
-        _check_encodable(arr)
-        codec = _codec_for(arr, False)
-        if len(_headers) > 4096:
-            _headers.clear()
-        hit = _headers[key] = (_header(codec, arr), codec in _DELTA_CODECS and arr.shape[-1] > 1)
-    header, delta = hit
+    header, delta = _cached_header(arr, False)
     if delta:
         data = arr.copy()
         np.subtract(data[..., 1:], arr[..., :-1], out=data[..., 1:])  # wraps, as encode() does
