@@ -46,13 +46,13 @@ async def _drive(tmp_path: str, device: str) -> None:
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             # 1. a step-number breakpoint: the engine itself pauses after step 5
-            await _until(pilot, lambda: ctl.state == "paused" and ctl.paused_at is not None)
-            assert ctl.paused_at == 5 and app.current == 5
+            # (the controller learns of the pause first; the app shows it once its message is handled)
+            await _until(pilot, lambda: ctl.state == "paused" and ctl.paused_at is not None and app.current == 5)
+            assert ctl.paused_at == 5
             assert "breakpoint: step 5" in ctl.reason
             # 2. single step: exactly one more forward
             await pilot.press("s")
-            await _until(pilot, lambda: ctl.paused_at == 6)
-            assert app.current == 6
+            await _until(pilot, lambda: ctl.paused_at == 6 and app.current == 6)
             # 3. a condition breakpoint (sync mode: the TUI judges each step before the engine goes on)
             assert ctl.breakpoint_text(CONDITION) is None
             await pilot.press("space")
@@ -65,7 +65,7 @@ async def _drive(tmp_path: str, device: str) -> None:
             await _until(pilot, lambda: ctl.state == "paused" and ctl.paused_at != stops["condition"])
             stops["violation"] = ctl.paused_at
             assert ctl.reason.startswith("violation")
-            assert app.current == stops["violation"] and app.highlight is not None
+            await _until(pilot, lambda: app.current == stops["violation"] and app.highlight is not None)
             # 5. run to the next iteration
             assert ctl.breakpoint_text("off") is None
             await pilot.press("i")

@@ -97,8 +97,8 @@ class Channel:
         """One event, None on timeout; {"event": "eof"} when the engine hung up."""
         assert self._conn is not None
         while b"\n" not in self._buf:
-            self._conn.settimeout(timeout)
             try:
+                self._conn.settimeout(timeout)  # raises EBADF once the socket is closed under this thread
                 chunk = self._conn.recv(65536)
             except TimeoutError:
                 return None
