@@ -220,6 +220,13 @@ class Engine:
         probs = torch.softmax(logits.float() / self.cfg.temperature, -1)
         return sample_device(probs, self.gen), probs
 
+    def _upload(self, parts: list[list[int]], pending: PageWrites) -> list[torch.Tensor]:
+        """`parts` as device int64 tensors, sent with the batch's queued page writes in one copy; the pages are
+        written into req_to_token on the device."""
+        *out, slots, logical, physical = self.inputs.upload([*parts, *pending.parts()])
+        PageWrites.apply(self.r2t, self.cfg.page_size, slots, logical, physical)
+        return out
+
     def _read(self, t: torch.Tensor) -> list[int]:
         """The host's one read per phase (int64 `[n]`): a non-blocking copy into pinned memory and an event wait."""
         if self._readback_event is None:
@@ -254,11 +261,10 @@ class Engine:
         for x in lens:
             acc += x
             last_h.append(acc - 1)
-        ids, pos, rows, rpi, seq, last, *pw = self.inputs.upload([
+        ids, pos, rows, rpi, seq, last = self._upload([
             [t for r in reqs for t in r.prompt], [p for x in lens for p in range(x)],
             [r.slot for r, x in zip(reqs, lens, strict=True) for _ in range(x)], [r.slot for r in reqs], lens,
-            last_h, *pending.parts()])
-        PageWrites.apply(self.r2t, self.cfg.page_size, *pw)
+            last_h], pending)
         seq = seq.to(torch.int32)
 
         def extend(runner: ModelRunner, input_ids: torch.Tensor) -> torch.Tensor:
@@ -285,8 +291,7 @@ class Engine:
         for r in reqs:
             r.kv.ensure(r.seq_len + 1, self.pages, self.r2t, pending)
         s = [r.seq_len for r in reqs]
-        rpi, s_dev, *pw = self.inputs.upload([[r.slot for r in reqs], s, *pending.parts()])
-        PageWrites.apply(self.r2t, self.cfg.page_size, *pw)
+        rpi, s_dev = self._upload([[r.slot for r in reqs], s], pending)
         self.seq_lens_buf[:bs].copy_(s_dev + 1)
         fb = self._batch(self.target, ForwardMode.DECODE, bs, rpi=rpi, rows=rpi, input_ids=self.root_tok[rpi],
                          positions=s_dev, seq_lens=self.seq_lens_buf[:bs], seq_lens_cpu=[x + 1 for x in s],
@@ -327,8 +332,7 @@ class Engine:
             pending = PageWrites()
             for r in reqs:
                 r.kv.ensure(r.seq_len + T, self.pages, self.r2t, pending)
-            rpi, s_dev, *pw = self.inputs.upload([[r.slot for r in reqs], s, *pending.parts()])
-            PageWrites.apply(self.r2t, self.cfg.page_size, *pw)
+            rpi, s_dev = self._upload([[r.slot for r in reqs], s], pending)
             rows_t = rpi[:, None].expand(bs, T).reshape(-1)  # repeat_interleave may read its output size back
             verify_pos = (s_dev[:, None] + self._arange[None, :T]).reshape(-1)
             verify_ids = torch.zeros(bs * T, dtype=torch.int64, device=dev)
