@@ -21,18 +21,21 @@ class HostInputs:
         self.device = device
         self.is_cuda = device.type == "cuda"
         self.capacity = capacity
-        self._ring = [self._pair(capacity) for _ in range(ring)]
-        self._events: list[torch.cuda.Event | None] = [None] * ring
+        self._ring = [self._pair(capacity) for _ in range(ring)] if self.is_cuda else []
+        self._events: list[torch.cuda.Event | None] = [None] * len(self._ring)
         self._next = 0
 
     def _pair(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        host = torch.empty(n, dtype=torch.int64, pin_memory=self.is_cuda)
-        return host, (torch.empty(n, dtype=torch.int64, device=self.device) if self.is_cuda else host)
+        return (torch.empty(n, dtype=torch.int64, pin_memory=True),
+                torch.empty(n, dtype=torch.int64, device=self.device))
 
     def upload(self, parts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Device int64 tensors `[len(part)]`, one per part, sent in one copy on the current stream.
 
-        The returned tensors are views of a ring buffer: valid until `ring` more uploads have been made."""
+        On a GPU the returned tensors are views of a ring buffer: valid until `ring` more uploads have been made.
+        On the CPU there is no copy to save: each part is its own tensor."""
+        if not self.is_cuda:
+            return [torch.tensor(p, dtype=torch.int64) for p in parts]
         sizes = [len(p) for p in parts]
         total = sum(sizes)
         if total > self.capacity:  # a prefill of long prompts: grow once, the ring keeps the larger size
@@ -44,20 +47,14 @@ class HostInputs:
         if ev is not None:
             ev.synchronize()  # already complete in the steady state (the accept sync came after this copy)
         host, dev = self._ring[k]
-        flat = [x for p in parts for x in p]
-        if flat:
-            host[:total] = torch.tensor(flat, dtype=torch.int64)  # a host-side copy; no device involved
-        if self.is_cuda:
-            if total:
-                dev[:total].copy_(host[:total], non_blocking=True)
-            ev = self._events[k] or torch.cuda.Event()
-            ev.record()
-            self._events[k] = ev
+        if total:
+            host[:total] = torch.tensor([x for p in parts for x in p], dtype=torch.int64)  # host-side only
+            dev[:total].copy_(host[:total], non_blocking=True)
+        ev = ev or torch.cuda.Event()
+        ev.record()
+        self._events[k] = ev
         out, start = [], 0
         for n in sizes:
             out.append(dev[start:start + n])
             start += n
-        if not self.is_cuda:
-            # On the CPU the "device" tensor is the host buffer: hand out copies, so later uploads cannot alias.
-            out = [t.clone() for t in out]
         return out
