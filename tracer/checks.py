@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .differential import differential_check
 from .schema import ForwardMode, GraphPhase, RequestState, RunInfo, Severity, Step, StreamSpan, Violation
+
+if TYPE_CHECKING:
+    from .reader import TraceReader
 
 E, W = Severity.ERROR, Severity.WARNING
 
@@ -730,7 +734,7 @@ class Checker:
     A live viewer (or the checker process beside a run's writer) calls `feed` as each step is committed and
     can break on the violations it returns; `check_steps` is a loop over it. Pass the trace's `run` so the
     greedy-only part of I31 knows the sampling temperature (without it that part is skipped). A schema-1 trace
-    records no wait edges: pass `waits_recorded=False` (`reader.major < 2`) and I21/I22 judge timestamps only.
+    records no wait edges: `Checker.for_trace(reader)` passes both, and I21/I22 then judge timestamps only.
     """
 
     def __init__(self, run: RunInfo | None = None, *, waits_recorded: bool = True) -> None:
@@ -739,6 +743,11 @@ class Checker:
         self._graphs = _GraphState()
         self._pages = _PageBuffers()
         self._accept = _Acceptance(None if temp is None else float(temp) <= 0)
+
+    @classmethod
+    def for_trace(cls, reader: TraceReader) -> Checker:
+        """A checker for the steps of `reader`'s trace: its run settings and whether it recorded wait edges."""
+        return cls(reader.run, waits_recorded=reader.waits_recorded())
 
     def feed(self, step: Step) -> list[Violation]:
         """Every violation of `step` (a step whose arrays cannot be checked is an I2 violation, never a crash)."""

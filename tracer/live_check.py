@@ -43,9 +43,7 @@ class LiveChecker:
         if self.reader.major < 2:
             self.reader.close()
             raise TraceError("is a schema 1 trace; run `specscope upgrade` first", path)
-        # An upgraded schema 1 trace is schema 2 but recorded no wait edges; the catalogue must not expect them.
-        waits = "upgraded_from" not in self.reader.meta()
-        self.checker = Checker(self.reader.run, waits_recorded=waits)
+        self.checker = Checker.for_trace(self.reader)
         self.done = -1  # last step index checked
         self.num_errors = 0
         self.num_warnings = 0

@@ -224,6 +224,11 @@ class TraceReader(QueryMixin):
         with self._guard("reading its meta table"):
             return {str(k): str(v) for k, v in self._conn.execute("SELECT key, value FROM meta")}
 
+    def waits_recorded(self) -> bool:
+        """Whether the engine recorded wait edges (schema 2 runs; not schema 1 traces, upgraded or not): what the
+        catalogue's `Checker(waits_recorded=...)` needs to judge I21 / I22."""
+        return self.major >= 2 and "upgraded_from" not in self.meta()
+
     def is_closed(self) -> bool:
         """True once the writer closed the trace cleanly (False while live, or after a crash)."""
         with self._guard("reading its meta table"):

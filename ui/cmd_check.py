@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from specscope.tracer.schema import Severity
 
     with store.TraceReader(args.trace) as reader:
-        checker = Checker(reader.run, waits_recorded=reader.major >= 2)  # schema 1 recorded no wait edges
+        checker = Checker.for_trace(reader)
         found = []
         last = -1
         for step in reader.steps():

@@ -262,7 +262,7 @@ class LiveController:
         from specscope.tracer.checks import Checker
 
         if self._checker is None:
-            self._checker = Checker(r.run, waits_recorded=r.major >= 2)  # as `check` does
+            self._checker = Checker.for_trace(r)  # as `check` does
         stop = r.num_steps() if through is None else through + 1
         src = self.app.source
         new: list[Any] = []

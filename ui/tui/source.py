@@ -386,7 +386,7 @@ class BackgroundLoader:
 
         if self._checker is None:
             # As `specscope check` does: the run's settings, and schema 1 recorded no wait edges.
-            self._checker = Checker(r.run, waits_recorded=r.major >= 2)
+            self._checker = Checker.for_trace(r)
         src = self.source
         new: list[Violation] = []
         for st in r.steps(self._fed + 1, stop):
