@@ -112,7 +112,7 @@ class TraceSource:
         self.loading_violations = True
         self.run_hist: list[int] | None = None  # accept-length histogram of the whole run (loaded in background)
         self._lock = threading.Lock()
-        self._want: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._want: queue.SimpleQueue[int | None] = queue.SimpleQueue()  # None: stop
         self._prefetcher: threading.Thread | None = None
 
     # -- counts ----------------------------------------------------------------------------------
@@ -178,6 +178,8 @@ class TraceSource:
         with TraceReader(self.path) as r:
             while True:
                 b = self._want.get()
+                if b is None or self._closed:
+                    return  # stop_neighbours: the app is going away
                 n = self._n
                 with self._lock:
                     if b in self._blocks:
@@ -322,6 +324,7 @@ class TraceSource:
         """End the neighbour thread (the app is going away); `step` keeps working on the UI thread's reader."""
         self._closed = True
         self._step_wake.set()
+        self._want.put(None)  # ends the block prefetcher too (and closes its reader)
 
     def close(self) -> None:
         """Close the reader (and end the neighbour thread)."""

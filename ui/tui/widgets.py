@@ -495,6 +495,7 @@ class PageGrid(ScrollView, can_focus=True):
         self.grid = grid
         self.highlight = highlight
         self._lines.clear()
+        self._zoom_cache = None  # keyed by the grid's id, which a later grid may reuse
         if grid is not None and self._auto_fit:
             self.zoom = self._fit_index()
         if grid is not None and old is not None and old == self._frame_key():
@@ -716,7 +717,7 @@ def _at(arr: object, i: int) -> str:
         return "-"
 
 
-def _crop(cells: Sequence[Segment], start: int, width: int, fill: Style | None = None) -> list[Segment]:
+def _crop(cells: Sequence[Segment], start: int, width: int) -> list[Segment]:
     """Cells `start` to `start + width` of a run of one-cell-per-character segments, padded to `width`."""
     out, x = [], 0
     end = start + width
@@ -730,7 +731,7 @@ def _crop(cells: Sequence[Segment], start: int, width: int, fill: Style | None =
             break
     used = sum(len(s.text) for s in out)
     if used < width:
-        out.append(Segment(" " * (width - used), fill))
+        out.append(Segment(" " * (width - used)))
     return out
 
 

@@ -149,6 +149,7 @@ class Dashboard:
         self._ahead: dict[tuple[str, int, int], Any] = {}
         self._ahead_lock = threading.Lock()
         self._ahead_thread: threading.Thread | None = None
+        self._ahead_building: tuple[str, int, int] | None = None  # the page that thread builds
 
     def refresh(self) -> bool:
         """Load the steps live traces gained; True when any did."""
@@ -158,10 +159,6 @@ class Dashboard:
         if grew:
             self.version += 1
         return grew
-
-    def any_live(self) -> bool:
-        """True while any trace is still being written."""
-        return any(s.is_live() for s in self.sources.values())
 
     def needs_poll(self) -> bool:
         """True while a trace is being written or its summaries are still loading (the page polls)."""
@@ -213,10 +210,10 @@ class Dashboard:
         key = (src.key, i, src.num_steps())
         with self._ahead_lock:
             page = self._ahead.pop(key, None)
-            running = self._ahead_thread
+            running = self._ahead_thread if self._ahead_building == key else None
         if page is None:
             if running is not None:
-                running.join()  # it may be building this very page (or holding the checker's window)
+                running.join()  # it is building this very page
                 with self._ahead_lock:
                     page = self._ahead.pop(key, None)
             if page is None:
@@ -240,7 +237,7 @@ class Dashboard:
             if self._ahead_thread is not None and self._ahead_thread.is_alive():
                 return
             t = threading.Thread(target=build, name="specscope-web-ahead", daemon=True)
-            self._ahead_thread = t
+            self._ahead_thread, self._ahead_building = t, key
         t.start()
 
 

@@ -12,7 +12,7 @@ from specscope.ui import views
 
 from . import figures, models
 from .routes import step_href
-from .source import WAIT_S, TraceSource
+from .source import WAIT_S, Columns, TraceSource
 
 DEFAULT_WINDOW = 100  # steps in the timeline's first window
 MAX_WINDOW = 300  # steps whose spans one Gantt shows (the spans of a window are decoded on demand)
@@ -341,9 +341,10 @@ def acceptance_stats_rows(stats: dict[str, views.AcceptanceStats]) -> tuple[list
     return ["", *names], [[label, *(f(stats[n]) for n in names)] for label, f in fields]
 
 
-def per_request(src: TraceSource) -> tuple[list[models.GroupRow], str]:
-    """Mean accept length per request, from (at most MAX_REQUEST_SCAN of the latest) verify steps."""
-    idx = [int(i) for i in models.verify_mask(src.columns()).nonzero()[0]]
+def per_request(src: TraceSource, cols: Columns) -> tuple[list[models.GroupRow], str]:
+    """Mean accept length per request, from (at most MAX_REQUEST_SCAN of the latest) verify steps in `cols` (the
+    summary columns the rest of the page was built from)."""
+    idx = [int(i) for i in models.verify_mask(cols).nonzero()[0]]
     note = ""
     if len(idx) > MAX_REQUEST_SCAN:
         note = f" (the last {MAX_REQUEST_SCAN} of {len(idx)} verify steps)"
@@ -366,10 +367,10 @@ def acceptance_page(sources: dict[str, TraceSource]) -> html.Div:
     req = {}
     notes = []
     for k, s in sources.items():
-        r, note = per_request(s)
+        r, scan_note = per_request(s, cols[k])
         req[names[k]] = r
-        if note:
-            notes.append(names[k] + note)
+        if scan_note:
+            notes.append(names[k] + scan_note)
     return html.Div([
         html.H2("Acceptance"), *note,
         table(head, rows, id="acc-stats"),
