@@ -97,8 +97,9 @@ def main() -> int:
                    python=platform.python_version())
         first = r.step(start)
         res["recorded_dtype"] = recorded_dtype(first) if first.array("attn_q") is not None else None
-        kv = [r.step(i, arrays=("attn_kv",)).arrays for i in range(start, stop)]
-        res["pages_per_row"] = round(float(np.mean([a[0].values.shape[0] for a in kv if a])) / args.batch_size, 2)
+        # attn_page_ids names the pages attn_kv holds (one each): the count without decoding the KV itself.
+        ids = [r.step(i, arrays=("attn_page_ids",)).arrays for i in range(start, stop)]
+        res["pages_per_row"] = round(float(np.mean([a[0].values.shape[0] for a in ids if a])) / args.batch_size, 2)
         sizes = {}
         for name, kw in (("width only", {"delta_kv": False}), ("after", {})):
             out = os.path.join(work, name.replace(" ", "-") + ".zip")

@@ -190,16 +190,19 @@ def _cached_header(arr: np.ndarray, compress: bool) -> tuple[bytes, bool]:
     return hit
 
 
+def _delta_coded(arr: np.ndarray) -> np.ndarray:
+    """Each element minus its left neighbour along the last axis. Integer subtraction wraps, so a cumsum in the
+    same dtype restores the values exactly."""
+    data = arr.copy()
+    np.subtract(data[..., 1:], arr[..., :-1], out=data[..., 1:])
+    return data
+
+
 def encode(arr: np.ndarray, *, compress: bool = True) -> bytes:
     """Encode `arr` as a self-describing blob (zlib-compressed unless `compress=False`)."""
     arr = _contiguous(arr)
     header, delta = _cached_header(arr, compress)
-    if delta:
-        # Integer subtraction wraps, so cumsum in the same dtype restores the values exactly.
-        data = arr.copy()
-        data[..., 1:] -= arr[..., :-1]
-        arr = data
-    raw = arr.tobytes()
+    raw = _delta_coded(arr).tobytes() if delta else arr.tobytes()
     return header + (_z.compress(raw, ZLIB_LEVEL) if compress else raw)
 
 
@@ -207,11 +210,7 @@ def encode_parts_raw(arr: np.ndarray) -> tuple[bytes, bytes]:
     """`encode(arr, compress=False)` as (header, payload): the same bytes once joined."""
     arr = _contiguous(arr)
     header, delta = _cached_header(arr, False)
-    if delta:
-        data = arr.copy()
-        np.subtract(data[..., 1:], arr[..., :-1], out=data[..., 1:])  # wraps, as encode() does
-        arr = data
-    return header, arr.tobytes()
+    return header, (_delta_coded(arr) if delta else arr).tobytes()
 
 
 def decode(blob: bytes, base: np.ndarray | None = None) -> np.ndarray:

@@ -276,15 +276,13 @@ def decode_step_frame(data: bytes) -> tables.StepColumns:
     header, table, values, packs, arrays, spans, violations, waits, errors, faults = _head_decoder.decode(
         memoryview(data)[hstart : hstart + hlen])
     mv = memoryview(data)
-    out = []
-    for flat, layout, crop in packs:
-        out += [(a.name, a.dtype, tuple(a.shape), a.data_ptr, a.values) for a in unpack(_view(mv, base, flat),
-                [(nm, dt, tuple(sh), ptr) for nm, dt, sh, ptr in layout], crop)]  # fmt: skip
-    out += [(nm, dt, tuple(sh), ptr, _view(mv, base, v)) for nm, dt, sh, ptr, v in arrays]
-    raw = {"waits": waits, "errors": errors}
+    raw = {"packs": [(_view(mv, base, flat), layout, crop) for flat, layout, crop in packs],
+           "arrays": [(nm, dt, sh, ptr, _view(mv, base, v)) for nm, dt, sh, ptr, v in arrays],
+           "waits": waits, "errors": errors}
     return tables.StepColumns(
-        header=header, table=tables.narrow_ints(_view(mv, base, table)), values=tables.narrow_ints(
-            _view(mv, base, values)), arrays=out, spans=[(str(a), str(b), int(c), int(d)) for a, b, c, d in spans],
+        header=header, table=tables.narrow_ints(_view(mv, base, table)),
+        values=tables.narrow_ints(_view(mv, base, values)), arrays=_arrays(raw),
+        spans=[(str(a), str(b), int(c), int(d)) for a, b, c, d in spans],
         violations=violations, waits=_waits(raw), errors=_errors(raw), faults_fired=faults,
     )  # fmt: skip
 
@@ -297,13 +295,6 @@ def encode_frame(kind: str, payload: Any) -> bytes:
         except (TypeError, ValueError, OverflowError, KeyError, AttributeError, msgspec.EncodeError):
             pass  # the pickle below carries it; the child reports what is wrong with it, if anything
     return pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def decode_frame(data: bytes) -> tuple[str, Any]:
-    """(kind, payload) of a message made by `encode_frame`; a step frame's payload is its `StepColumns`."""
-    if data[:1] == FAST_STEP:
-        return "columns", decode_step_frame(data)
-    return pickle.loads(data)
 
 
 # -- the child ------------------------------------------------------------------------------------------------
@@ -651,7 +642,9 @@ class ProcessTraceWriter:
         if self._dead:
             raise TraceError(self._dead, self.path)
         try:
-            self._proc.stdin.write(_LEN.pack(len(data)) + data)  # type: ignore[union-attr]
+            # Two writes: prefixing by concatenation would copy every frame (megabytes with recorded attention).
+            self._proc.stdin.write(_LEN.pack(len(data)))  # type: ignore[union-attr]
+            self._proc.stdin.write(data)  # type: ignore[union-attr]
             self._proc.stdin.flush()  # type: ignore[union-attr]
         except (BrokenPipeError, OSError, ValueError):
             self._dead = _death(self._proc, self._err, "the trace writer process")

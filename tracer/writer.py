@@ -41,6 +41,7 @@ _SEEN_DIGESTS = 8192  # blobs the encoder knows are stored; page tables repeat a
 # and every KEY_INTERVAL-th version is a new key. Bases are always keys, so a random read decodes at most
 # one base per array, and a damaged key spoils at most KEY_INTERVAL versions.
 KEY_INTERVAL = 16
+COMPARE_MAX_BYTES = 1 << 20  # blob_ref compares arrays up to this size by bytes with the previous step's
 _WAL_AUTOCHECKPOINT_PAGES = 16384  # 64 MiB: fewer checkpoints (each one fsyncs) on long runs
 _BATCH = 64  # items the worker takes from the queue per lock round-trip (and at most per transaction)
 GROUP_MAX = 256  # steps in one transaction at most (bounds what a crash can lose from a backlog)
@@ -94,7 +95,8 @@ class TraceWriter:
         self._lock = threading.Lock()
         self._conn = self._create(run, overwrite)
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        self._last: dict[str, tuple[bytes, bytes, tuple[str, tuple[int, ...]]]] = {}  # name -> last bytes, digest, type
+        # array name -> (its bytes when small enough to compare, digest, (dtype, shape)) at the previous step
+        self._last: dict[str, tuple[bytes | None, bytes, tuple[str, tuple[int, ...]]]] = {}
         self._keys: dict[str, tuple[codec.Base, int]] = {}  # array name -> current key, versions based on it
         self._last_index: int | None = None
         self._bodies = tables.BodyCompressor()
@@ -294,10 +296,11 @@ class TraceWriter:
 
         def blob_ref(name: str, values: np.ndarray) -> str:
             prev = self._last.get(name)
-            # Page tables mostly equal the previous step's: comparing bytes is ~10x cheaper than hashing them
-            # (and ~3x cheaper than np.array_equal).
-            data = values.tobytes()
-            if prev is not None and prev[0] == data and prev[2] == (values.dtype.str, values.shape):
+            # Page tables mostly equal the previous step's: comparing bytes is ~10x cheaper than hashing them.
+            # Large arrays (recorded attention, new every step) are only hashed: a copy of them would be wasted.
+            data = values.tobytes() if values.nbytes <= COMPARE_MAX_BYTES else None
+            if data is not None and prev is not None and prev[0] == data and prev[2] == (values.dtype.str,
+                                                                                          values.shape):
                 return prev[1].hex()
             d = codec.digest(values)
             self._last[name] = (data, d, (values.dtype.str, values.shape))
