@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..tracer.process_writer import ProcessTraceWriter
-from ..tracer.recorder import NullRecorder, Recorder
+from ..tracer.recorder import NullRecorder, Recorder, is_sticky_cuda_error, keep_until_exit
 from ..tracer.schema import RunInfo
 from .control import ControlledRecorder, ControlPoint, RunStopped
 from .engine import Engine, RunStats
@@ -171,6 +171,11 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
         stats = engine.run(requests, progress)
     except RunStopped:
         stats = engine.stats if engine is not None else RunStats()  # the viewer stopped the run: a clean end
+    except BaseException as e:
+        if is_sticky_cuda_error(e):
+            # The CUDA context is dead: the engine's tensors (freed as the traceback's frames go) must outlive it.
+            keep_until_exit(e, engine, target, draft, kernels)
+        raise
     finally:
         # Everything recorded so far reaches the file even when the run fails part-way.
         recorder.close()

@@ -34,6 +34,12 @@ _NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", 
 _DEAD_CONTEXT_OBJECTS: list[Any] = []
 
 
+def keep_until_exit(*objs: Any) -> None:
+    """Hold device objects of a dead CUDA context until the process ends: destroying them throws inside a
+    destructor (the caching allocator queries the context) and aborts the process."""
+    _DEAD_CONTEXT_OBJECTS.append(objs)
+
+
 def is_sticky_cuda_error(e: BaseException) -> bool:
     """A CUDA error that poisons the context (illegal address, launch failure): every later call fails too."""
     return type(e).__name__ == "AcceleratorError" or (isinstance(e, RuntimeError) and "CUDA error" in str(e))
