@@ -199,11 +199,8 @@ class ControlledRecorder:
 
     def _flush(self) -> None:
         inner = self._inner
-        if getattr(inner, "is_cuda", False):
-            import torch
-
-            torch.cuda.synchronize(inner.device)  # only when pausing or in sync mode, never on the free-running path
-        inner.poll()
+        # Only when pausing or in sync mode, never on the free-running path: drain, synchronize, write.
+        inner.flush_pending()
         writer = getattr(inner, "writer", None)
         if writer is not None:
             writer.flush()

@@ -111,6 +111,10 @@ class Engine:
         self.draft_extend_graph = (getattr(kernels, "prefill", "") != "flashinfer"
                                    and os.environ.get("SPECSCOPE_DRAFT_EXTEND_GRAPH", "1") != "0")
         if cfg.cuda_graph:
+            if recorder.enabled and os.environ.get("SPECSCOPE_SNAPSHOT_RING", "1") != "0":
+                # Replays write their snapshots into device rows inside the graph (tracer.recorder.SnapshotRing).
+                runners = [self.target] + ([self.draft] if self.draft is not None else [])
+                recorder.open_ring(max(r.max_pack_len(cfg.batch_size, self.T) for r in runners))
             self._capture()
 
     # ---- setup ---------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -31,6 +32,7 @@ class _Captured:
     graph: torch.cuda.CUDAGraph | None
     logits: torch.Tensor | None  # static output buffer (GPU); None on the CPU
     packed: torch.Tensor | None  # static snapshot buffer the graph refills on each replay (GPU, tracing)
+    pack_len: int = 0  # values the graph writes into the snapshot ring per replay (tracing)
 
 
 class GraphRunner:
@@ -42,6 +44,7 @@ class GraphRunner:
         backend: TRTLLMHABackend, template: ForwardBatch, max_bs: int, tokens_per_req: int,
         device: torch.device, pad_seq_len_from_live: bool = False,
         pack: Callable[[ForwardBatch], torch.Tensor] | None = None, ladder: list[int] | None = None,
+        ring: Any = None,
     ) -> None:
         self.name = name
         self.mode = mode
@@ -54,6 +57,7 @@ class GraphRunner:
         self.use_cuda_graph = device.type == "cuda"
         self.pad_seq_len_from_live = pad_seq_len_from_live  # fault `padded-row-seqlen`
         self.pack = pack  # the recorder's snapshot, computed inside the graph when tracing
+        self.ring = ring if pack is not None else None  # tracer.recorder.SnapshotRing the graph writes it into
         n = max_bs * tokens_per_req
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
@@ -118,7 +122,9 @@ class GraphRunner:
         with torch.cuda.graph(graph, pool=self.mempool):
             logits = self.forward(fb.input_ids, fb.positions, fb)
             packed = self.pack(fb) if self.pack is not None else None
-        self.captured[bs] = _Captured(graph, logits, packed)
+            if self.ring is not None and packed is not None:
+                self.ring.write(packed)  # the replay's snapshot goes to the ring row the device index names
+        self.captured[bs] = _Captured(graph, logits, packed, 0 if packed is None else packed.numel())
         return fb
 
     def replay_prepare(self, live: ForwardBatch) -> ForwardBatch:
@@ -150,12 +156,18 @@ class GraphRunner:
         self.positions[:n_raw].copy_(live.positions)
         self.positions[n_raw:n].zero_()
 
-    def replay(self, fb: ForwardBatch, raw_num_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def replay(self, fb: ForwardBatch, raw_num_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """Run the captured forward over the static buffers; returns (logits of the live tokens, the packed
-        snapshot when tracing)."""
+        snapshot when tracing without a ring, the number of values written into the snapshot ring when with)."""
         cap = self.captured[fb.batch_size]
         if cap.graph is not None:
             cap.graph.replay()
-            return cap.logits[:raw_num_tokens], cap.packed
+            if self.ring is not None:
+                return cap.logits[:raw_num_tokens], None, cap.pack_len
+            return cap.logits[:raw_num_tokens], cap.packed, 0
         logits = self.forward(fb.input_ids, fb.positions, fb)[:raw_num_tokens]
-        return logits, self.pack(fb) if self.pack is not None else None
+        packed = self.pack(fb) if self.pack is not None else None
+        if self.ring is not None and packed is not None:
+            self.ring.write(packed)  # the emulated graph writes the ring as the captured one does
+            return logits, None, packed.numel()
+        return logits, packed, 0

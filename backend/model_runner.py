@@ -86,7 +86,7 @@ class ModelRunner:
                 template=_with(template, mode, step_id, backend), max_bs=max_bs, tokens_per_req=tpr,
                 device=self.device, pad_seq_len_from_live="padded-row-seqlen" in self.faults,
                 pack=(lambda fb, be=backend: self.pack_snapshot(be, fb)) if self.recorder.enabled else None,
-                ladder=ladder)
+                ladder=ladder, ring=getattr(self.recorder, "ring", None))
             self.runners[(mode, step_id)] = runner
             # Largest batch first, as SGLang captures: smaller graphs reuse the memory pool the largest allocated.
             for bs in reversed(runner.ladder):
@@ -159,9 +159,9 @@ class ModelRunner:
         if prep.runner is not None:
             prep.runner.copy_draft_dependent_inputs(prep.live, prep.fb.batch_size)
             with self._record_failure(rec, prep.backend, prep.fb):
-                logits, packed = prep.runner.replay(prep.fb, prep.live.num_tokens)
+                logits, packed, ring_len = prep.runner.replay(prep.fb, prep.live.num_tokens)
             if rec is not None:
-                self.record_snapshot(rec, prep.backend, prep.fb, packed)
+                self.record_snapshot(rec, prep.backend, prep.fb, packed, ring_len)
                 self.record_attention(rec, prep, replayed=self.device.type == "cuda")
             return logits if logits_indices is None else logits[logits_indices]
         with self._record_failure(rec, prep.backend, prep.fb):
@@ -222,6 +222,11 @@ class ModelRunner:
                 ("req_pool_indices", fb.req_pool_indices), ("out_cache_loc", fb.out_cache_loc),
                 ("positions", fb.positions)]
 
+    def max_pack_len(self, max_bs: int, tokens_per_req: int) -> int:
+        """An upper bound on `pack_snapshot`'s length for a graph of `max_bs` rows (what a ring row must hold)."""
+        pages = -(-self.max_context_len // self.page_size)
+        return max_bs * (5 + 2 * pages + 2 * tokens_per_req) + 2
+
     def pack_snapshot(self, backend: TRTLLMHABackend, fb: ForwardBatch) -> torch.Tensor:
         """All snapshot tensors in one int64 vector, so recording costs one device->host copy per step
         (and, inside a CUDA graph, no host work at all: the graph computes it on every replay)."""
@@ -231,18 +236,22 @@ class ModelRunner:
         return torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])
 
     def record_snapshot(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch,
-                        packed: torch.Tensor | None) -> None:
-        """Hand the packed snapshot to the recorder with its layout, and the scalars the checks need."""
+                        packed: torch.Tensor | None, ring_len: int = 0) -> None:
+        """Hand the packed snapshot to the recorder with its layout, and the scalars the checks need. A replay
+        that wrote `ring_len` values into the recorder's snapshot ring hands over its row instead."""
         md, p = backend.forward_metadata, self.page_size
-        if packed is None:
+        if packed is None and not ring_len:
             packed = self.pack_snapshot(backend, fb)
         width = -(-md.max_seq_len_k // p)
         # Same order as pack_snapshot; the layout comes from shapes and addresses alone.
         layout = [(name, t.dtype, tuple(t.shape), t.data_ptr()) for name, t in self._metadata_tensors(backend, fb)]
         layout.append(("req_to_token_page_starts", self.r2t.req_to_token.dtype,
                        (fb.req_pool_indices.shape[0], md.page_table.shape[1]), 0))
-        self.recorder.snapshot_pack(rec, packed, layout,
-                                    crop_cols={"page_table": width, "req_to_token_page_starts": width})
+        crop = {"page_table": width, "req_to_token_page_starts": width}
+        if ring_len:
+            self.recorder.snapshot_ring(rec, self.recorder.ring.claim(), ring_len, layout, crop)
+        else:
+            self.recorder.snapshot_pack(rec, packed, layout, crop_cols=crop)
         rec.scalars.update(
             max_seq_len_q=md.max_seq_len_q, kernel_q_len=md.kernel_q_len, max_seq_len_k=md.max_seq_len_k,
             max_context_len=backend.max_context_len, num_kv_pages=self.num_kv_pages,

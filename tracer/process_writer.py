@@ -428,6 +428,9 @@ def _child_main() -> int:
                 writer.write_columns(decode_step_frame(payload))
             elif kind == "step":
                 writer.write_parts(parts_from_raw(payload))
+            elif kind == "steps":
+                for raw in payload:
+                    writer.write_parts(parts_from_raw(raw))
             elif kind == "request":
                 writer.write_request(RequestRecord.from_dict(payload))
             elif kind == "violations":
@@ -658,6 +661,11 @@ class ProcessTraceWriter:
     def write_raw_step(self, raw: dict[str, Any]) -> None:
         """Queue a step in the recorder's compact form (see `parts_from_raw`)."""
         self._send("step", raw)
+
+    def write_raw_steps(self, raws: list[dict[str, Any]]) -> None:
+        """Queue steps in the recorder's compact form as one message (one pickle: the engine's cheapest encoding,
+        and layouts or names the steps share are written once)."""
+        self._send("steps", raws)
 
     def write_step(self, step: Step) -> None:
         """Queue a schema Step."""

@@ -32,6 +32,7 @@ _NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", 
 
 
 _DEAD_CONTEXT_OBJECTS: list[Any] = []
+RING_BYTES = 64 << 20  # device (and pinned host) memory of the snapshot ring
 
 
 def keep_until_exit(*objs: Any) -> None:
@@ -47,10 +48,12 @@ def is_sticky_cuda_error(e: BaseException) -> bool:
 
 @dataclass
 class _PendingPack:
-    host: torch.Tensor  # int64 host copy of the packed snapshot (a pinned-ring slice on a GPU)
+    host: torch.Tensor | None  # int64 host copy of the packed snapshot (a pinned-ring slice on a GPU)
     layout: list[tuple[str, torch.dtype, tuple[int, ...], int]]  # name, dtype, full shape, data_ptr
     crop_cols: dict[str, int]
     slot: tuple[int, int] | None = None  # pinned-ring slot (GPU)
+    seq: int | None = None  # a graph replay's row in the SnapshotRing (its values arrive with a drain)
+    length: int = 0
 
 
 @dataclass
@@ -164,6 +167,9 @@ class NullRecorder:
     def poll(self) -> None:
         """No-op."""
 
+    def flush_pending(self) -> None:
+        """No-op."""
+
     def close(self) -> None:
         """No-op."""
 
@@ -192,6 +198,9 @@ class Recorder:
         self._free_events: list[Any] = []
         self._clock: EventClock | None = None
         self._failed: BaseException | None = None  # a sticky CUDA error: no device call may run any more
+        self.ring: SnapshotRing | None = None  # opened by the engine before it captures graphs
+        self._outbox: list[dict[str, Any]] = []  # resolved steps, sent to the writer in batches
+        self._sent_ns = time.perf_counter_ns()
         if self.is_cuda:
             # One synchronized epoch event puts every stream's event times on the host clock's axis.
             torch.cuda.synchronize(device)
@@ -199,6 +208,13 @@ class Recorder:
             epoch.record(torch.cuda.current_stream(device))
             torch.cuda.synchronize(device)
             self._clock = EventClock(epoch, time.perf_counter_ns())
+
+    def open_ring(self, width: int, budget_bytes: int | None = None) -> SnapshotRing:
+        """The device rows captured graphs write their snapshots into (`width` int64 per row, the largest pack a
+        graph makes); rows are sized to `budget_bytes` of device and of pinned host memory each."""
+        rows = max(16, min(512, (budget_bytes or RING_BYTES) // (8 * max(width, 1))))
+        self.ring = SnapshotRing(self.device, width, rows)
+        return self.ring
 
     def begin_step(self, *, iteration: int, mode: ForwardMode, model: str, step_id: int | None,
                    batch_size: int, padded_batch_size: int, graph: GraphPhase, tokens_per_request: int,
@@ -231,6 +247,13 @@ class Recorder:
         else:
             host, slot = packed.detach().clone(), None
         rec.packs.append(_PendingPack(host, layout, crop_cols, slot))
+
+    def snapshot_ring(self, rec: StepRecord, seq: int, length: int,
+                      layout: list[tuple[str, torch.dtype, tuple[int, ...], int]], crop_cols: dict[str, int]) -> None:
+        """Record a replay's metadata that its graph wrote into SnapshotRing row `seq` (`length` int64 values of
+        `layout`): no device work here; the values arrive with the next drain."""
+        rec.packs.append(_PendingPack(None, layout, crop_cols, None, seq, length))
+        self._drain_ring(force=False)
 
     def snapshot_float(self, rec: StepRecord, name: str, t: torch.Tensor) -> None:
         """Record a float tensor as float32 (sampled attention inputs/outputs for the differential check).
@@ -298,7 +321,7 @@ class Recorder:
         self.assign_index(rec)
         if rec in self._open:
             self._open.remove(rec)
-        if self.is_cuda and self._failed is None:
+        if self.is_cuda and self._failed is None and not self._ring_timed(rec):
             ev = self._event()
             ev.record(torch.cuda.current_stream(self.device))
             rec.done_event = ev
@@ -308,24 +331,83 @@ class Recorder:
             i -= 1
         self._pending.insert(i, rec)
         if self._failed is None:
+            self._drain_ring(force=False)
             self.poll()
 
-    def poll(self) -> None:
-        """Write every pending step whose device work has completed (in order; never blocks)."""
+    def _ring_timed(self, rec: StepRecord) -> bool:
+        """A replay whose snapshot is in the ring and whose spans are all CUDA events needs no done event: the
+        drain's event and its spans' end events say when it is complete."""
+        return (bool(rec.packs) and all(p.seq is not None for p in rec.packs) and not rec.floats
+                and bool(rec.spans) and all(isinstance(sp.end, torch.cuda.Event) for sp in rec.spans))
+
+    def _drain_ring(self, force: bool) -> None:
+        ring = self.ring
+        if ring is None or ring.count == ring.drained:
+            return
+        if not force and ring.count - ring.drained < ring.drain_every:
+            return
+        # This drain overwrites the host rows of replays `rows` older; a step still holding one (held back behind
+        # an unfinished earlier step) takes its values out first.
+        oldest = ring.count - ring.rows
+        for rec in (*self._pending, *self._open):
+            for p in rec.packs:
+                if p.seq is not None and p.seq < oldest:
+                    ring.wait(p.seq)
+                    p.host, p.seq = torch.from_numpy(ring.row(p.seq, p.length)), None
+        ring.drain()
+
+    def poll(self, force_send: bool = False) -> None:
+        """Write every pending step whose device work has completed (in order; never blocks). Resolved steps go
+        to the writer in batches (one message per `ring.drain_every` steps, or every 20 ms)."""
         if self._failed is not None:
             return
+        ring = self.ring
+        if ring is not None and ring.count > ring.drained and self._pending and \
+                time.perf_counter_ns() - self._pending[0].end_ns > 20_000_000:
+            self._drain_ring(force=True)  # a quiet run: do not hold its last steps back
+        self._write_ready()
+        self._send(force_send)
+
+    def _write_ready(self) -> bool:
+        """Resolve pending steps in order while they are complete; False when one is not."""
         while self._pending:
             rec = self._pending[0]
             if any(o.index >= 0 and o.index < rec.index for o in self._open):
-                return  # an earlier-numbered step is still being built
+                return False  # an earlier-numbered step is still being built
             if not self._complete(rec):
-                return
+                return False
             self._pending.popleft()
-            self.writer.write_raw_step(self._resolve(rec))
+            self._outbox.append(self._resolve(rec))
+        return True
+
+    def _send(self, force: bool) -> None:
+        if not self._outbox:
+            return
+        batch = self.ring.drain_every if self.ring is not None else 1
+        now = time.perf_counter_ns()
+        if force or len(self._outbox) >= batch or now - self._sent_ns > 20_000_000:
+            out, self._outbox = self._outbox, []
+            self._sent_ns = now
+            if len(out) == 1:
+                self.writer.write_raw_step(out[0])
+            else:
+                self.writer.write_raw_steps(out)
+
+    def flush_pending(self) -> None:
+        """Drain the ring, wait for the device and write every finished step now (a pause of the live viewer)."""
+        if self._failed is None:
+            self._drain_ring(force=True)
+            if self.is_cuda:
+                torch.cuda.synchronize(self.device)
+        self.poll(force_send=True)
 
     def _complete(self, rec: StepRecord) -> bool:
         if rec.done_event is not None and not rec.done_event.query():
             return False
+        if self.ring is not None:
+            done = self.ring.completed()
+            if any(p.seq is not None and p.seq >= done for p in rec.packs):
+                return False
         return not any(isinstance(s.end, torch.cuda.Event) and not s.end.query() for s in rec.spans)
 
     def _event(self) -> Any:
@@ -336,7 +418,7 @@ class Recorder:
         rec = self._pending[0]
         if rec.done_event is not None:
             rec.done_event.synchronize()
-        self.poll()
+        self._write_ready()
 
     def write_request(self, rec: RequestRecord) -> None:
         """A finished request's whole record."""
@@ -353,14 +435,16 @@ class Recorder:
             self._failed = failing
         if self.is_cuda and self._failed is None:
             try:
+                self._drain_ring(force=True)
                 torch.cuda.synchronize(self.device)
-                self.poll()
+                self.poll(force_send=True)
             except Exception as e:  # noqa: BLE001 - only sticky CUDA errors are absorbed here
                 if not is_sticky_cuda_error(e):
                     raise
                 self._failed = e
         elif self._failed is None:
-            self.poll()
+            self._drain_ring(force=True)
+            self.poll(force_send=True)
         if self._failed is not None:
             self._write_after_failure(self._failed)
         self.writer.close()
@@ -372,7 +456,10 @@ class Recorder:
         recs = sorted(list(self._pending) + launched, key=lambda r: r.index)
         # Device objects must never be destroyed now: their destructors query the dead context and print C++
         # warnings (or abort). The process is ending; keep them referenced until it does.
-        _DEAD_CONTEXT_OBJECTS.extend([self._free_events, self._ring, self._clock, recs])
+        _DEAD_CONTEXT_OBJECTS.extend([self._free_events, self._ring, self._clock, recs, self.ring])
+        for raw in self._outbox:  # resolved before the failure: complete, and first in index order
+            self.writer.write_raw_step(raw)
+        self._outbox = []
         self._pending.clear()
         self._open.clear()
         if recs and not any(e.fatal for r in recs for e in r.errors):
@@ -398,7 +485,8 @@ class Recorder:
                 spans.append((s.stream, s.name, self._clock.ns(s.start), self._clock.ns(s.end)))
             else:
                 spans.append((s.stream, s.name, int(s.start), int(s.end)))
-        packs = [(p.host.numpy().copy(), [(n, _NP_DTYPES[d], sh, ptr) for n, d, sh, ptr in p.layout], p.crop_cols)
+        packs = [(p.host.numpy().copy() if p.seq is None else self.ring.row(p.seq, p.length),  # type: ignore[union-attr]
+                  [(n, _NP_DTYPES[d], sh, ptr) for n, d, sh, ptr in p.layout], p.crop_cols)
                  for p in rec.packs]
         floats = [(name, "float32" if t.is_floating_point() else _NP_DTYPES[t.dtype], tuple(t.shape), 0,
                    t.float().numpy() if t.is_floating_point() else t.numpy()) for name, t in rec.floats]
@@ -407,11 +495,12 @@ class Recorder:
             if p.slot is not None:
                 self._ring.release(p.slot)
         if self.is_cuda:
-            self._free_events.extend(e for sp in rec.spans for e in (sp.start, sp.end)
-                                     if isinstance(e, torch.cuda.Event))
-            if rec.done_event is not None:
-                # The step's last event becomes the clock's anchor; the previous anchor goes back to the pool.
-                self._free_events.append(self._clock.advance(rec.done_event))
+            events = [e for sp in rec.spans for e in (sp.start, sp.end) if isinstance(e, torch.cuda.Event)]
+            # A completed event of the step becomes the clock's anchor; the previous anchor goes back to the pool.
+            anchor = rec.done_event if rec.done_event is not None else (events.pop() if events else None)
+            self._free_events.extend(events)
+            if anchor is not None:
+                self._free_events.append(self._clock.advance(anchor))
         header = dict(index=rec.index, iteration=rec.iteration, mode=rec.mode.value, model=rec.model,
                       step_id=rec.step_id, batch_size=rec.batch_size, padded_batch_size=rec.padded_batch_size,
                       graph=rec.graph.value, tokens_per_request=rec.tokens_per_request,
@@ -446,3 +535,86 @@ class PinnedRing:
     def release(self, slot: tuple[int, int]) -> None:
         """The slot's values have been copied out."""
         self.live.remove(slot)
+
+
+class SnapshotRing:
+    """Device rows that captured graphs write their packed snapshots into, copied to host memory in batches.
+
+    Inside each captured graph, after the forward, `write` stores the packed snapshot int64 `[n]` in the row a
+    device-resident index names, then advances the index: a replay costs the host nothing for its snapshot.
+    The host numbers replays in launch order (`claim`; every replay runs on the compute stream, so launch order
+    is the order the rows are written) and every `drain_every` replays enqueues one copy of the new rows to
+    pinned memory on the compute stream, which orders it after those replays and before any later one, so a
+    row is never overwritten before it is copied. On the CPU the same rows are written at each emulated replay.
+    """
+
+    def __init__(self, device: torch.device, width: int, rows: int) -> None:
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        self.width = width
+        self.rows = rows
+        self.drain_every = max(1, rows // 4)
+        self.dev = torch.zeros(rows, width, dtype=torch.int64, device=device)
+        self.index = torch.zeros(1, dtype=torch.int64, device=device)
+        self.host = torch.zeros(rows, width, dtype=torch.int64, pin_memory=self.is_cuda) if self.is_cuda \
+            else self.dev
+        self.count = 0  # replays claimed
+        self.drained = 0  # replays covered by an enqueued drain copy
+        self._done = 0  # replays whose rows are on the host
+        self._drains: deque[tuple[int, Any]] = deque()
+
+    def write(self, packed: torch.Tensor) -> None:
+        """Store `packed` int64 `[n]` in the current row and advance the index (device ops only: captured)."""
+        n = packed.numel()
+        if n > self.width:
+            raise ValueError(f"a snapshot of {n} values does not fit the snapshot ring's rows ({self.width})")
+        self.dev.narrow(1, 0, n).index_copy_(0, self.index, packed.view(1, n))
+        self.index.add_(1).remainder_(self.rows)
+
+    def claim(self) -> int:
+        """The sequence number of a replay just launched (its row is seq % rows)."""
+        seq = self.count
+        self.count += 1
+        return seq
+
+    def drain(self) -> None:
+        """Enqueue the copy of every row written since the last drain (compute stream; no host sync)."""
+        a, b = self.drained, self.count
+        if a == b:
+            return
+        if self.is_cuda:
+            for lo, hi in _row_ranges(a, b, self.rows):
+                self.host[lo:hi].copy_(self.dev[lo:hi], non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self.device))
+        else:
+            ev = None
+        self._drains.append((b, ev))
+        self.drained = b
+
+    def completed(self) -> int:
+        """Replays below this sequence number have their rows on the host."""
+        while self._drains and (self._drains[0][1] is None or self._drains[0][1].query()):
+            self._done = self._drains.popleft()[0]
+        return self._done
+
+    def wait(self, seq: int) -> None:
+        """Block until the drain covering `seq` has landed (only when a host row is about to be reused)."""
+        for end, ev in self._drains:
+            if end > seq:
+                if ev is not None:
+                    ev.synchronize()
+                break
+        self.completed()
+
+    def row(self, seq: int, length: int) -> np.ndarray:
+        """The host copy of replay `seq`'s snapshot (a copy: the row is reused `rows` replays later)."""
+        return self.host[seq % self.rows, :length].numpy().copy()
+
+
+def _row_ranges(a: int, b: int, rows: int) -> list[tuple[int, int]]:
+    """Row ranges [lo, hi) holding sequence numbers [a, b) of a ring of `rows` (at most two: it may wrap)."""
+    if b - a >= rows:
+        return [(0, rows)]
+    lo, hi = a % rows, b % rows
+    return [(lo, hi)] if lo < hi else [(lo, rows), (0, hi)] if hi else [(lo, rows)]
