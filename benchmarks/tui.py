@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import os
 import platform
@@ -24,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +73,22 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-async def measure(path: str, nav_steps: int, seed: int) -> dict:
+def _thread_cpu(t: threading.Thread) -> float:
+    """CPU seconds a thread has used (0 where the platform cannot say)."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(t.ident))  # type: ignore[arg-type]
+    except (AttributeError, OSError, TypeError):
+        return 0.0
+
+
+async def paced_key(key_to_frame, key: str, gap_s: float = 0.15) -> float:
+    """A lone press as a person makes one: the keys rest `gap_s` first (longer than the held-key window), so the
+    look-ahead has run and the frame timer is idle."""
+    await asyncio.sleep(gap_s)
+    return await key_to_frame(key)
+
+
+async def measure(path: str, nav_steps: int, seed: int, lone_keys: int = 60) -> dict:
     """First screen, stepping, held-key strides, random go-to, violation jumps."""
     from specscope.ui.tui.app import SpecscopeApp
 
@@ -121,9 +138,27 @@ async def measure(path: str, nav_steps: int, seed: int) -> dict:
         start = n // 4
         app.move_to(start)
         await pilot.pause()
-        step_ms = [await key_to_frame("right_square_bracket") for _ in range(nav_steps)]
-        back_ms = [await key_to_frame("left_square_bracket") for _ in range(nav_steps // 2)]
+        passes: list[tuple[int, float]] = []  # (generation, ms) of every collection during the step keys
+        gc_start: list[float] = []
+
+        def on_gc(phase: str, info: dict) -> None:
+            if phase == "start":
+                gc_start[:] = [time.perf_counter()]
+            elif gc_start:
+                passes.append((info["generation"], (time.perf_counter() - gc_start[0]) * 1000))
+
+        others = [t for t in threading.enumerate() if t is not threading.current_thread()]
+        other_cpu0 = sum(_thread_cpu(t) for t in others)
+        gc.callbacks.append(on_gc)
+        try:
+            step_ms = [await key_to_frame("right_square_bracket") for _ in range(nav_steps)]
+            back_ms = [await key_to_frame("left_square_bracket") for _ in range(nav_steps // 2)]
+        finally:
+            gc.callbacks.remove(on_gc)
+        other_cpu = sum(_thread_cpu(t) for t in others) - other_cpu0
         step_cpu = list(cpu_ms)
+        lone_ms = [await paced_key(key_to_frame, "right_square_bracket" if k % 3 else "left_square_bracket")
+                   for k in range(lone_keys)]
         held_ms, release_ms = await held_key(app, key_to_frame, frames)
         full_ms = [full(app.action_next_step) for _ in range(nav_steps // 3)]
         rng = random.Random(seed)
@@ -152,6 +187,11 @@ async def measure(path: str, nav_steps: int, seed: int) -> dict:
         "goto_random_p50_ms": round(statistics.median(goto_ms), 2), "goto_random_p99_ms": round(_pct(goto_ms, 0.99), 2),
         "next_iteration_p50_ms": round(statistics.median(iter_ms), 2),
         "step_cpu_p50_ms": round(statistics.median(step_cpu), 2), "step_cpu_p99_ms": round(_pct(step_cpu, 0.99), 2),
+        "step_gc_passes": {f"gen{g}": sum(1 for gg, _ in passes if gg == g) for g in range(3)},
+        "step_gc_max_ms": round(max((ms for _, ms in passes), default=0.0), 2),
+        "step_other_threads_cpu_ms_per_key": round(other_cpu * 1000 / len(nav), 2),
+        "lone_press_p50_ms": round(statistics.median(lone_ms), 2) if lone_ms else None,
+        "lone_press_p99_ms": round(_pct(lone_ms, 0.99), 2) if lone_ms else None,
         "violation_jump_ms": round(max(jumps), 2), "violation_jumps": [round(j, 2) for j in jumps],
         "violation_jump_cpu_ms": round(max(cpu_ms), 2),
         "violation_steps": bad,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -18,6 +19,8 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from . import model as m
+from . import strip_cycles
+from .frames import MainScreen
 from .idle_gc import IdleCollector
 from .lines import Lines
 from .screens import HelpScreen, PromptScreen
@@ -37,8 +40,11 @@ from .widgets import (
 if TYPE_CHECKING:
     from .live import LiveController
 
+strip_cycles.apply()  # no reference cycle per drawn line: the cyclic collector stays off the key path
+
 WINDOW = 200  # steps either side of the current one in the acceptance window
 PREFETCH_NEIGHBOURS = True  # decode the next step in the direction of travel on a thread (source.prefetch_steps)
+PREFETCH_IDLE_S = 0.05  # ... once the keys pause this long (see _prefetch_when_idle)
 
 
 class Accelerator:
@@ -178,6 +184,7 @@ class SpecscopeApp(App[int]):
         self._accept_pending = False
         self._window_hist = m.SlidingHist()
         self._shown = 0
+        self._prefetch_timer: asyncio.TimerHandle | None = None
         self.collector = IdleCollector()
         self._settle: Any = None
         self.message = ""
@@ -185,6 +192,10 @@ class SpecscopeApp(App[int]):
             controller.attach(self)
 
     # -- layout ----------------------------------------------------------------------------------
+
+    def get_default_screen(self) -> Screen:
+        """The main screen draws the frame after a move at once (frames.py)."""
+        return MainScreen(id="_default")
 
     def compose(self) -> ComposeResult:
         """Status line, three columns, footer."""
@@ -254,6 +265,8 @@ class SpecscopeApp(App[int]):
         self.current = i
         self._steps.set_cursor(i)
         self._show(i, cell, violation)
+        if isinstance(scr := getattr(self, "_main_screen", None), MainScreen):
+            scr.frame_now = True  # the frame with the new step is drawn as soon as the screen is idle
 
     def _show(self, i: int, cell: m.Cell | None, violation: Violation | None) -> None:
         src = self.source
@@ -289,10 +302,25 @@ class SpecscopeApp(App[int]):
             # ... and where `n` / `N` would jump (their summaries too, for the step list around them).
             jumps = [j for j in (src.violations.next_step(i), src.violations.next_step(i, backward=True))
                      if j is not None]
-            src.prefetch_steps([i + d, i - d, *jumps])
+            self._prefetch_when_idle([i + d, i - d, *jumps])
             for j in jumps:
                 src.prefetch(j - BLOCK, j + BLOCK)
         self._shown = i
+
+    def _prefetch_when_idle(self, steps: list[int]) -> None:
+        """Have the neighbour thread decode `steps` once the keys pause for PREFETCH_IDLE_S (each move re-arms it).
+        Decoding on that thread while the UI thread draws costs the UI more than decoding itself: the two share
+        the GIL (the decode is mostly Python and numpy calls that keep it), so keys that come faster than that
+        find the step undecoded and the UI thread decodes it (~4 ms); a lone press finds it ready."""
+        if self._prefetch_timer is not None:
+            self._prefetch_timer.cancel()
+            self._prefetch_timer = None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not inside the app's loop (a test driving the app by hand): at once
+            self.source.prefetch_steps(steps)
+            return
+        self._prefetch_timer = loop.call_later(PREFETCH_IDLE_S, self.source.prefetch_steps, steps)
 
     def _settled(self) -> None:
         self._settle = None
@@ -374,6 +402,8 @@ class SpecscopeApp(App[int]):
     def on_unmount(self) -> None:
         """The collector's settings back to the process's; the neighbour thread ends."""
         self.collector.stop()
+        if self._prefetch_timer is not None:
+            self._prefetch_timer.cancel()
         self.source.stop_neighbours()
 
     def _tick(self) -> None:
@@ -415,8 +445,6 @@ class SpecscopeApp(App[int]):
         self._steps.refresh()
 
     async def _sleep(self, s: float) -> None:
-        import asyncio
-
         await asyncio.sleep(s)
 
     # -- navigation actions ------------------------------------------------------------------------
