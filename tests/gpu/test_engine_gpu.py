@@ -159,3 +159,29 @@ def test_sticky_cuda_error_keeps_every_pending_step(tmp_path) -> None:
     before = [s for s in steps if s.iteration == fatal[0].iteration and s.mode == ForwardMode.DRAFT_DECODE]
     assert len(before) == 2  # the iteration's N-1 draft steps, still pending when the error hit, were written
     assert any(v.check_id == "K1" and "fatal" in v.message and v.step == fatal[0].index for v in vs)
+
+
+@pytest.mark.parametrize("plan_stream", [False, True])
+def test_snapshot_ring_records_what_host_copies_record_on_gpu(tmp_path, monkeypatch, plan_stream: bool) -> None:
+    """Replays write their metadata snapshot into the device ring inside the captured graph; the trace holds the
+    same values as with one host copy per step (the ring at its smallest, 16 rows, so it wraps)."""
+    import numpy as np
+    from specscope.tracer import recorder as recorder_mod
+
+    monkeypatch.setattr(recorder_mod, "RING_BYTES", 1)
+    paths = {}
+    for ring in ("1", "0"):
+        monkeypatch.setenv("SPECSCOPE_SNAPSHOT_RING", ring)
+        _, paths[ring], _ = _run(tmp_path, f"ring{ring}", plan_stream=plan_stream, page_size=16)
+    with TraceReader(paths["1"]) as a, TraceReader(paths["0"]) as b:
+        assert a.num_steps() == b.num_steps()
+        replays = 0
+        for sa, sb in zip(a.steps(), b.steps(), strict=True):
+            replays += sa.graph == GraphPhase.REPLAY
+            assert (sa.mode, sa.graph, sa.batch_size, sa.scalars, sa.requests) == \
+                (sb.mode, sb.graph, sb.batch_size, sb.scalars, sb.requests), sa.index
+            assert [x.name for x in sa.arrays] == [x.name for x in sb.arrays], sa.index
+            for x, y in zip(sa.arrays, sb.arrays, strict=True):
+                assert np.array_equal(x.values, y.values), (sa.index, x.name)
+        assert replays > 48
+    assert _errors(paths["1"]) == [] and _errors(paths["0"]) == []
