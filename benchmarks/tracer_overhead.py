@@ -109,6 +109,21 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def write(args: argparse.Namespace, argv: list[str], torch: Any, rows: list[dict[str, Any]], t0: float) -> None:
+    """The JSON and markdown results of the cells measured so far."""
+    doc = dict(benchmark="tracer_overhead", target_ratio=TARGET, gpu=torch.cuda.get_device_name(),
+               capability=".".join(map(str, torch.cuda.get_device_capability())), versions=versions(torch),
+               date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+               command="python benchmarks/tracer_overhead.py " + shlex.join(argv), repeats=args.repeats,
+               plan_stream=not args.no_plan_stream, spec_steps=args.spec_steps, quick=args.quick,
+               snapshot_ring_env=os.environ.get("SPECSCOPE_SNAPSHOT_RING"),
+               seconds=round(time.perf_counter() - t0, 1), rows=rows)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    out.with_suffix(".md").write_text(markdown(doc))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the cells and write the results; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -126,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(torch, args.spec_steps)
         bench.fused_setting = None
         table = presets(args.quick)
-        rows = []
+        rows: list[dict[str, Any]] = []
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             for name in args.models.split(","):
@@ -136,22 +151,12 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
                     print(f"{p.label[:26]:26s} bs {bs:3d}  off {row['wall_ms']['off']['median']:7.3f} ms  "
                           f"traced {_fmt(row['ratio_traced'])}  profiler {_fmt(row['ratio_profiler'])}", flush=True)
+                    write(args, argv, torch, rows, t0)  # after every cell: a time limit keeps what was measured
                 bench.drop_models()
     except BenchError as e:
         print(f"tracer_overhead: error: {e}", file=sys.stderr)
         return 2
-    doc = dict(benchmark="tracer_overhead", target_ratio=TARGET, gpu=torch.cuda.get_device_name(),
-               capability=".".join(map(str, torch.cuda.get_device_capability())), versions=versions(torch),
-               date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-               command="python benchmarks/tracer_overhead.py " + shlex.join(argv), repeats=args.repeats,
-               plan_stream=not args.no_plan_stream, spec_steps=args.spec_steps, quick=args.quick,
-               snapshot_ring_env=os.environ.get("SPECSCOPE_SNAPSHOT_RING"),
-               seconds=round(time.perf_counter() - t0, 1), rows=rows)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
-    out.with_suffix(".md").write_text(markdown(doc))
-    print(f"wrote {out} and {out.with_suffix('.md')} in {doc['seconds']} s")
+    print(f"wrote {args.out} and its .md in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
