@@ -119,7 +119,13 @@ def test_idle_collector_postpones_full_passes_until_the_keys_pause() -> None:
         assert not c.tick()  # keys still coming
         now[0] += 0.4
         assert c.tick() and not c.tick()  # one full pass per pause
-        for _ in range(70):  # a view that never rests (a followed live run): still one pass every max_wait_s
+        for _ in range(70):  # a view that never rests, with nothing promoted to the oldest generation: no pass
+            c.moved()
+            now[0] += 0.25
+            assert not c.tick()
+        gc.collect(1)  # a middle-generation pass: objects reach the oldest generation
+        assert gc.get_count()[2] > 0
+        for _ in range(70):  # ... now it is owed: one pass within max_wait_s (a followed live run)
             c.moved()
             now[0] += 0.25
             if c.tick():

@@ -42,9 +42,14 @@ class IdleCollector:
 
     def tick(self) -> bool:
         """Called on the UI's timer: run the owed full pass when idle long enough, or when the view never rests
-        (a followed live run moves it every tick) after `max_wait_s`; returns whether it ran."""
+        (a followed live run moves it every tick) after `max_wait_s` if the oldest generation grew; returns whether
+        it ran."""
         now = self.clock()
-        if self.due and (now - self.last >= self.idle_s or now - self.collected >= self.max_wait_s):
+        # Never resting, the pass is forced only once a middle-generation pass has moved objects into the oldest
+        # generation since the last one (gc.get_count()[2]): with no cycle per drawn line (strip_cycles.py) those
+        # are rare while stepping, so a long walk over the steps is not interrupted for nothing.
+        if self.due and (now - self.last >= self.idle_s or
+                         (now - self.collected >= self.max_wait_s and gc.get_count()[2] > 0)):
             self.due = False
             self.collected = now
             gc.collect()
