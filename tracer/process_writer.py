@@ -18,6 +18,7 @@ step and keeps its summary in `check_result`.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import pickle
@@ -27,6 +28,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import IO, Any
@@ -557,6 +559,11 @@ class ProcessTraceWriter:
         self._proc = subprocess.Popen([sys.executable, "-m", "specscope.tracer.process_writer"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
         self._lines = _Lines(self._proc)
+        self._sender: threading.Thread | None = None  # see send_in_background
+        self._cv = threading.Condition()
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._queued = 0  # bytes queued or being written
+        self._limit = 0
         _grow_pipe(self._proc.stdin)
         self._send_obj((self.path, run.to_dict(), overwrite))
         # Starting Python (numpy, zstandard, SQLite) on a loaded machine can take a while: a generous deadline.
@@ -638,12 +645,58 @@ class ProcessTraceWriter:
         kind, _, msg = line.partition(" ")
         return kind, msg
 
+    def send_in_background(self, limit_bytes: int = 256 << 20) -> None:
+        """From now on, messages are written to the pipe by a thread: the caller (the engine's loop) never waits
+        for the writer process while less than `limit_bytes` are queued, so a burst, or a run that makes steps
+        faster than the child stores them, does not slow the forwards it records. What is queued reaches the
+        file at flush and close; a SIGKILL of this process loses at most what is queued."""
+        if self._sender is None:
+            self._limit = limit_bytes
+            self._sender = threading.Thread(target=self._send_loop, name="trace-sender", daemon=True)
+            self._sender.start()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                data = self._queue.popleft()
+            if not data:
+                return  # the stop mark close() queues last
+            if not self._dead:
+                try:
+                    self._write(data)
+                except TraceError:
+                    pass  # self._dead says why; the engine's next write or flush raises it
+            with self._cv:
+                self._queued -= len(data)
+                self._cv.notify_all()
+
+    def _wait_sent(self) -> None:
+        """Return once every queued message has been written (or the child died)."""
+        with self._cv:
+            while self._queued and not self._dead:
+                self._cv.wait()
+
     def _send_obj(self, obj: Any) -> None:
         self._send_data(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
     def _send_data(self, data: bytes) -> None:
         if self._dead:
             raise TraceError(self._dead, self.path)
+        if self._sender is not None:
+            with self._cv:
+                while self._queued > self._limit and not self._dead:
+                    self._cv.wait()
+                if self._dead:
+                    raise TraceError(self._dead, self.path)
+                self._queue.append(data)
+                self._queued += len(data)
+                self._cv.notify_all()
+            return
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
         try:
             # Two writes: prefixing by concatenation would copy every frame (megabytes with recorded attention).
             self._proc.stdin.write(_LEN.pack(len(data)))  # type: ignore[union-attr]
@@ -678,6 +731,7 @@ class ProcessTraceWriter:
     def flush(self) -> None:
         """Wait until everything sent is committed."""
         self._send("flush", None)
+        self._wait_sent()
         kind, msg = self._status("a flush")
         if kind != "flushed":
             raise TraceError(msg or "the trace writer process failed", self.path)
@@ -692,9 +746,11 @@ class ProcessTraceWriter:
         if not self._dead:
             try:
                 self._send_obj(("close", None))
+                self._wait_sent()
                 kind, msg = self._status("close")
             except TraceError as e:
                 msg = e.problem
+        self._stop_sender()
         self._stop_child()
         check_err = self._finish_checker()
         if kind != "closed":
@@ -702,6 +758,14 @@ class ProcessTraceWriter:
                              self.path)
         if check_err:
             raise TraceError(check_err, self.path)
+
+    def _stop_sender(self) -> None:
+        if self._sender is not None:
+            with self._cv:
+                self._queue.append(b"")
+                self._cv.notify_all()
+            self._sender.join(timeout=self.status_timeout)
+            self._sender = None
 
     def abort(self) -> None:
         """Stop both children without waiting for a clean close (what arrived so far is committed)."""

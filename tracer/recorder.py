@@ -201,6 +201,9 @@ class Recorder:
         self.ring: SnapshotRing | None = None  # opened by the engine before it captures graphs
         self._outbox: list[dict[str, Any]] = []  # resolved steps, sent to the writer in batches
         self._sent_ns = time.perf_counter_ns()
+        if self.is_cuda and hasattr(writer, "send_in_background"):
+            # Tiny models make steps faster than the writer child stores them: the engine must not wait on the pipe.
+            writer.send_in_background()
         if self.is_cuda:
             # One synchronized epoch event puts every stream's event times on the host clock's axis.
             torch.cuda.synchronize(device)
