@@ -47,8 +47,8 @@ NO_UPDATE = "<no update>"
 
 
 def page(client: object, pathname: object, search: object = "") -> object:
-    status, out = call(client, [("page", "children")], [("url", "pathname", pathname), ("url", "search", search),
-                                                        ("version", "data", 0)])
+    route = {"path": pathname, "search": search, "version": 0}
+    status, out = call(client, [("page", "children")], [("route", "data", route)])
     assert status == 200, out
     return out[0]  # type: ignore[index]
 
@@ -210,3 +210,39 @@ def test_a_big_batch_gets_its_request_table_as_text(monkeypatch: pytest.MonkeyPa
     table = t[t.index('"request-table"'):t.index('"request-table"') + 100]
     assert '"type": "Pre"' in table, table
     assert all(f"  {rid}  " in t for rid in ids)
+
+
+def _layout(client: object, referrer: str | None) -> object:
+    headers = {} if referrer is None else {"Referer": referrer}
+    r = client.get("/_dash-layout", headers=headers)  # type: ignore[attr-defined]
+    assert r.status_code == 200
+    return r.get_json()
+
+
+def test_the_first_layout_carries_the_page_of_the_address(client: object) -> None:
+    # dash-renderer asks for the layout from the page itself: no callback round trip before its first figure.
+    base = "http://localhost"
+    lay = _layout(client, base + "/")
+    assert "timeline-page" in texts(lay) and '"tl-gantt"' in texts(lay)
+    assert '"path": "/"' in texts(lay)  # the route store says what is shown (the browser renders nothing again)
+    t = texts(_layout(client, base + "/step/20?row=1"))
+    assert "step-page" in t and '"search": "?row=1"' in t
+    # A bad address gets the one-line panel; no Referer, or another site's, gets an empty page (`render` fills it).
+    assert "no step 99999" in texts(_layout(client, base + "/step/99999"))
+    for ref in (None, "http://elsewhere.example/step/20", "javascript:alert(1)"):
+        t = texts(_layout(client, ref))
+        assert "timeline-page" not in t and "step-page" not in t and "Cannot show" not in t, ref
+
+
+def test_plotly_js_is_served_once_hinted_and_cached(client: object) -> None:
+    from specscope.ui.web import scripts
+
+    r = client.get(scripts.plotly_url())  # type: ignore[attr-defined]
+    assert r.status_code == 200 and r.mimetype == "application/javascript"
+    body = r.get_data()
+    assert body.startswith(scripts.HINT) and b"window.Plotly = Plotly" in body[-200:]
+    assert "immutable" in r.headers["Cache-Control"]
+    index = client.get("/").get_data(as_text=True)  # type: ignore[attr-defined]
+    assert f'rel="preload" as="script" href="{scripts.plotly_url()}"' in index
+    assert scripts.plotly_url() in index.split('id="_dash-renderer"')[1]  # the layout_pre hook loads it
+    assert "/_dash-component-suites/plotly/package_data/plotly.min.js" not in index

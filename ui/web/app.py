@@ -18,7 +18,7 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from specscope.tracer.errors import TraceError
 from specscope.ui import views
 
-from . import figures, pages
+from . import figures, pages, scripts
 from .routes import InputError, RouteError, parse_route, step_href
 from .source import TraceSource
 
@@ -68,10 +68,6 @@ document.addEventListener('keydown', function (e) {
 });
 """
 
-# plotly.js (4.8 MB) is what a page waits for longest. Dash's lazy loading fetches it only when the first graph
-# mounts, after the layout and the first callback; preloading it starts the download with the page's other scripts,
-# while the rest of Dash's lazily loaded bundles (markdown, mathjax, date pickers, tables: 4 MB) are never fetched.
-PLOTLY_JS = "_dash-component-suites/plotly/package_data/plotly.min.js"
 # The step of a clicked Gantt bar (customdata[0]) or overlap point (x); anything else changes nothing.
 OPEN_STEP_JS = """
 function (gantt, overlap) {
@@ -84,11 +80,24 @@ function (gantt, overlap) {
   return ['/step/' + s, ''];
 }
 """
-INDEX = """<!DOCTYPE html>
-<html><head>{%metas%}<title>{%title%}</title>{%favicon%}{%css%}
-<link rel="preload" as="script" href="/""" + PLOTLY_JS + """"><style>""" + CSS + """</style></head>
+# The page a browser shows is in the layout it first gets (see `_first_route`); afterwards, a change of address
+# (or of the trace, for the pages that summarize it) goes to the server's `render`. Here, in the browser: the
+# route to render, or no_update when it is the one already shown (a step page stays as it is when the trace grows).
+ROUTE_JS = """
+function (pathname, search, version, shown) {
+  var want = {path: pathname || '/', search: search || '', version: version};
+  if (shown && shown.path === want.path && shown.search === want.search &&
+      (shown.version === want.version || want.path.indexOf('/step/') === 0)) return window.dash_clientside.no_update;
+  return want;
+}
+"""
+
+
+def _index(head: str) -> str:
+    return ("""<!DOCTYPE html>
+<html><head>{%metas%}<title>{%title%}</title>{%favicon%}{%css%}""" + head + "<style>" + CSS + """</style></head>
 <body>{%app_entry%}<footer>{%config%}{%scripts%}{%renderer%}</footer>
-<script>""" + KEYS_JS + """</script></body></html>"""
+<script>""" + KEYS_JS + """</script></body></html>""")
 
 
 def _log(message: str) -> None:
@@ -269,23 +278,32 @@ def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms:
     import flask
 
     d = Dashboard(trace, compare_with)
+    plotly_path = scripts.plotly_url()
     # Our own Flask server: no static folder (Flask's /static route would map request paths to files), and an
     # explicit root path (Flask cannot infer one for a module of the `specscope` namespace package).
     server = flask.Flask("specscope_web", root_path=_HERE, instance_path=_NO_ASSETS, static_folder=None)
     app = Dash(
         "specscope_web", server=server, title="specscope", assets_folder=_NO_ASSETS, include_assets_files=False,
-        suppress_callback_exceptions=True, index_string=INDEX, update_title=None, serve_locally=True,
-        enable_mcp=False, use_pages=False, eager_loading=False,  # async bundles on demand; plotly.js preloaded
+        suppress_callback_exceptions=True, index_string=_index(scripts.preload_links(plotly_path)),
+        update_title=None, serve_locally=True, enable_mcp=False, use_pages=False,
+        eager_loading=False,  # Dash's async bundles on demand; plotly.js is ours (scripts.py)
+        hooks={"layout_pre": scripts.layout_pre_hook(plotly_path)},
     )  # fmt: skip
+    scripts.register(server)
 
     def layout() -> html.Div:
-        # A function: each page load gets the current step count and polls only while something can change.
+        # A function: each page load gets the current step count and polls only while something can change; and
+        # the page at the browser's address, so that no callback round trip stands before its first figure.
+        version, route = d.version, _first_route()
+        shown = None if route is None else {"path": route[0], "search": route[1], "version": version}
+        children = None if route is None else _safe(pages.error_panel)(d.page)(*route)
         return html.Div([
             dcc.Location(id="url", refresh=False),
             dcc.Interval(id="live", interval=live_interval_ms, disabled=not d.needs_poll()),
-            dcc.Store(id="version", data=d.version),
+            dcc.Store(id="version", data=version),
+            dcc.Store(id="route", data=shown),
             _nav(d),
-            html.Main(html.Div(id="page")),
+            html.Main(html.Div(children, id="page")),
         ])
 
     app.layout = layout
@@ -293,6 +311,28 @@ def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms:
     app.server.register_error_handler(Exception, _http_error)
     _register(app, d)
     return app
+
+
+def _first_route() -> tuple[str, str] | None:
+    """The (path, query string) of the page whose layout is asked for: dash-renderer fetches the layout from that
+    page, which the request's Referer names. None when it names no page of this server (the browser then asks
+    `render` for it, as for any later change of address)."""
+    from urllib.parse import urlsplit
+
+    from flask import has_request_context, request
+
+    if not has_request_context():
+        return None
+    ref = request.referrer
+    if not ref or len(ref) > 1024:
+        return None
+    try:
+        u = urlsplit(ref)
+    except ValueError:
+        return None
+    if u.scheme not in ("http", "https") or u.netloc != request.host:
+        return None
+    return u.path or "/", f"?{u.query}" if u.query else ""
 
 
 def _http_error(e: Exception) -> Any:
@@ -309,14 +349,15 @@ def _http_error(e: Exception) -> Any:
 
 
 def _register(app: Dash, d: Dashboard) -> None:
-    @app.callback(Output("page", "children"), Input("url", "pathname"), Input("url", "search"),
-                  Input("version", "data"))
+    app.clientside_callback(ROUTE_JS, Output("route", "data"), Input("url", "pathname"), Input("url", "search"),
+                            Input("version", "data"), State("route", "data"))
+
+    @app.callback(Output("page", "children"), Input("route", "data"), prevent_initial_call=True)
     @_safe(pages.error_panel)
-    def render(pathname: object, search: object, _version: object) -> Any:
-        trig = dash.ctx.triggered_id
-        if trig == "version" and isinstance(pathname, str) and pathname.startswith("/step/"):
-            raise dash.exceptions.PreventUpdate  # a growing trace does not change a step already shown
-        return d.page(pathname, search)
+    def render(route: object) -> Any:
+        if not isinstance(route, dict):
+            raise InputError("malformed route")
+        return d.page(route.get("path"), route.get("search"))
 
     @app.callback(Output("version", "data"), Output("live-status", "children"), Output("live", "disabled"),
                   Input("live", "n_intervals"), prevent_initial_call=True)

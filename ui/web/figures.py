@@ -35,6 +35,11 @@ Figure = dict[str, Any]
 _GRID = "#EBF0F8"
 _AXIS = {"gridcolor": _GRID, "linecolor": _GRID, "zerolinecolor": _GRID, "zerolinewidth": 2, "automargin": True,
          "ticks": "", "title": {"standoff": 15}}
+# The timeline's figures (the first a browser draws) have fixed margins wide enough for their labels: with
+# automargin, plotly.js measures the labels, widens a margin and draws each figure a second time (a third of a
+# first draw's time).
+_FIXED = {"automargin": False}
+_TIMELINE_MARGIN = {"l": 72, "r": 20, "t": 62, "b": 56}
 _COLORWAY = ["#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3f3", "#FF6692", "#B6E880"]
 
 
@@ -95,7 +100,8 @@ def overview_figure(durations: dict[str, Series], window: tuple[int, int] | None
                          "hovertemplate": f"{mode}<br>step %{{x}}<br>%{{y:.1f}} µs<extra></extra>"})
     shapes = [] if window is None else [window_shape(window)]
     title = "Host time per step" + (" (binned: mean, min–max band)" if binned else "")
-    return _figure(data, title, 260, xaxis=axis("step"), yaxis=axis("µs", rangemode="tozero"), shapes=shapes)
+    return _figure(data, title, 260, xaxis=axis("step", **_FIXED), yaxis=axis("µs", rangemode="tozero", **_FIXED),
+                   shapes=shapes, margin=_TIMELINE_MARGIN)
 
 
 def window_shape(window: tuple[int, int]) -> dict[str, Any]:
@@ -128,8 +134,8 @@ def gantt_figure(spans: Sequence[SpanRow], highlight_step: int | None = None) ->
     lanes = [lane for lane in LANES if any(s.stream == lane for s in spans)]
     lanes += sorted({s.stream for s in spans} - set(lanes))
     return _figure(data, "Streams (click a bar to open its step)", 280, barmode="overlay", bargap=0.35,
-                   xaxis=axis("µs from the first span in the window"),
-                   yaxis=axis(categoryorder="array", categoryarray=lanes))
+                   xaxis=axis("µs from the first span in the window", **_FIXED),
+                   yaxis=axis(categoryorder="array", categoryarray=lanes, **_FIXED), margin=_TIMELINE_MARGIN)
 
 
 def overlap_figure(rows: Sequence[StepStreams]) -> Figure:
@@ -149,8 +155,9 @@ def overlap_figure(rows: Sequence[StepStreams]) -> Figure:
                  "line": {"color": "#e6550d", "width": 1},
                  "hovertemplate": "step %{x}<br>compute idle %{y:.1f} µs before it<extra></extra>"})
     title = "Plan under compute per step" + ("" if plan else " (no plan-stream spans: plan stream off)")
-    return _figure(data, title, 240, xaxis=axis("step"), yaxis=axis("% hidden", range=[0, 105]),
-                   yaxis2=axis("idle µs", overlaying="y", side="right", rangemode="tozero", showgrid=False))
+    return _figure(data, title, 240, xaxis=axis("step", **_FIXED), yaxis=axis("% hidden", range=[0, 105], **_FIXED),
+                   yaxis2=axis("idle µs", overlaying="y", side="right", rangemode="tozero", showgrid=False, **_FIXED),
+                   margin={**_TIMELINE_MARGIN, "r": 72})
 
 
 # -- step explorer -------------------------------------------------------------------------------------------
