@@ -16,6 +16,7 @@ from textual import events
 from textual.screen import Screen
 
 FRAME_ON_IDLE = True  # off: Textual's own frame timing (for A/B measurements)
+_TICK = getattr(Screen, "_on_timer_update", None)  # the timer's work; a Textual without it keeps its own pace
 
 
 class MainScreen(Screen):
@@ -26,10 +27,12 @@ class MainScreen(Screen):
 
     async def _on_idle(self, event: events.Idle) -> None:
         # Screen._on_idle (which resumes the frame timer) runs after this unless the event's default is prevented.
-        if not (self.frame_now and FRAME_ON_IDLE) or not self.is_current or self.app._batch_count:
+        if not (self.frame_now and FRAME_ON_IDLE and callable(_TICK)) or not self.is_current or \
+                getattr(self.app, "_batch_count", 0):
             return
         self.frame_now = False
-        if self._layout_required or self._scroll_required or self._repaint_required or self._dirty_widgets:
+        if (getattr(self, "_layout_required", False) or getattr(self, "_scroll_required", False) or
+                getattr(self, "_repaint_required", False) or getattr(self, "_dirty_widgets", None)):
             event.prevent_default()
             self.idle_frames += 1
-            self._on_timer_update()  # the timer's tick, now: layout, dirty widgets, compositor, display
+            _TICK(self)  # the timer's tick, now: layout, dirty widgets, compositor, display

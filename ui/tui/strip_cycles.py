@@ -35,7 +35,8 @@ def apply() -> bool:
         return True
     probe = Strip([], 0)
     out = _original(probe, [0])
-    if out != [probe] or probe._divide_cache.get((0,)) is not out:  # not the cycle-making version: leave it
+    cache = getattr(probe, "_divide_cache", None)
+    if out != [probe] or cache is None or cache.get((0,)) is not out:  # not the cycle-making version: leave it
         return False
     Strip.divide = _divide  # type: ignore[method-assign]
     return True
