@@ -33,6 +33,30 @@ from trace_store import Workload, run_info  # noqa: E402
 TARGETS = {"timeline_s": 2.0, "step_s": 0.5}
 CHROMIUM = "/usr/bin/chromium"
 DONE_JS = "() => !document.querySelector('[data-dash-is-loading=\"true\"]')"
+# For the breakdown load (not timed with the others): long tasks, and when plotly.js, the page and its figures
+# appeared (polled once a frame; a frame does not run while a long task holds the main thread).
+MARKS_JS = r"""
+window.__lt = []; window.__m = {};
+new PerformanceObserver(l => { for (const e of l.getEntries()) window.__lt.push([e.startTime, e.duration]); })
+  .observe({type: 'longtask', buffered: true});
+(function poll() {
+  const m = window.__m, now = performance.now();
+  if (!m.plotly && window.Plotly && window.Plotly.newPlot) m.plotly = now;
+  if (!m.page && document.querySelector('#page > *')) m.page = now;
+  if (!m.svg && document.querySelectorAll('#page .main-svg').length >= 3) m.svg = now;
+  if (!m.svg) requestAnimationFrame(poll);
+})();
+"""
+BREAKDOWN_JS = """() => {
+  const res = performance.getEntriesByType('resource'), nav = performance.getEntriesByType('navigation')[0];
+  const last = (f) => Math.max(0, ...res.filter(f).map(e => e.responseEnd));
+  const layout = res.find(e => e.name.includes('_dash-layout'));
+  return {html_ms: nav.responseEnd, scripts_ms: last(e => e.name.includes('.js')),
+          dom_content_loaded_ms: nav.domContentLoadedEventEnd, layout_request_ms: layout ? layout.startTime : null,
+          layout_response_ms: layout ? layout.responseEnd : null, page_rendered_ms: window.__m.page,
+          plotly_ready_ms: window.__m.plotly, drawn_ms: window.__m.svg, long_tasks: window.__lt,
+          script_transfer_bytes: res.filter(e => e.name.includes('.js')).reduce((a, e) => a + e.transferSize, 0)};
+}"""
 
 
 def write_trace(path: str, steps: int, seed: int) -> float:
@@ -61,6 +85,29 @@ def _load(browser: object, url: str, ids: list[str]) -> tuple[float, object, obj
     page.goto(url)
     _wait_graphs(page, ids)
     return time.perf_counter() - t, ctx, page
+
+
+def _breakdown(browser: object, url: str) -> dict:
+    """Where one more fresh timeline load spends its time (ms from navigation start, from the browser's own
+    timings): scripts, layout request, plotly.js ready, figures drawn, and the main thread's long tasks."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
+    page = ctx.new_page()
+    page.add_init_script(MARKS_JS)
+    t = time.perf_counter()
+    page.goto(url + "/")
+    _wait_graphs(page, ["tl-overview", "tl-gantt", "tl-overlap"])
+    wall = time.perf_counter() - t
+    b = page.evaluate(BREAKDOWN_JS)
+    ctx.close()
+    tasks = [(round(s), round(d)) for s, d in b.pop("long_tasks")]
+    out = {k: (round(v) if isinstance(v, float) else v) for k, v in b.items()}
+    ready = out.get("plotly_ready_ms") or 0
+    # The long task that ends where plotly.js became ready is its execution; the ones after it draw the figures.
+    before = [t for t in tasks if t[0] + t[1] <= ready + 20]
+    out.update(wall_s=round(wall, 3), long_tasks=tasks, main_thread_long_task_ms=sum(d for _, d in tasks),
+               plotly_exec_ms=max((d for _, d in before[-1:]), default=None),
+               draw_ms=(out["drawn_ms"] - ready) if out.get("drawn_ms") and ready else None)
+    return out
 
 
 def bench(args: argparse.Namespace) -> dict:
@@ -125,17 +172,20 @@ def _measure(args: argparse.Namespace, browser: object, app: object, src: object
                    cold_timeline_complete_s=round(cold_complete, 3), summaries_loaded_s=round(loaded_s, 3))
     sizes: list[int] = []
     scripts: list[int] = []
+    layout: list[int] = []
     for k in range(args.repeats + 1):
         ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
         page = ctx.new_page()
         if k == 1:
             page.on("response", lambda r: sizes.append(len(r.body())) if "_dash-update-component" in r.url
+                    else layout.append(len(r.body())) if "_dash-layout" in r.url
                     else scripts.append(len(r.body())) if r.url.endswith(".js") else None)
         t = time.perf_counter()
         page.goto(url + "/")
         _wait_graphs(page, ["tl-overview", "tl-gantt", "tl-overlap"])
         timeline.append(time.perf_counter() - t)
         ctx.close()
+    payload["timeline_breakdown"] = _breakdown(browser, url)
     # A returning visitor: the same browser context loads the timeline again (scripts from its HTTP cache, as for
     # anyone who opened the dashboard before; Dash fingerprints its script URLs, plotly.js revalidates by ETag).
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
@@ -152,6 +202,7 @@ def _measure(args: argparse.Namespace, browser: object, app: object, src: object
                                           "n": len(warm)}
     payload["timeline_callback_bytes"] = sum(sizes)
     payload["timeline_callbacks"] = len(sizes)
+    payload["timeline_layout_bytes"] = sum(layout)
     payload["script_bytes"] = sum(scripts)
     if args.baseline:
         # The same page on a small trace, in the same browser and moment: the machine's floor.
@@ -168,7 +219,7 @@ def _measure(args: argparse.Namespace, browser: object, app: object, src: object
         payload["baseline_timeline_median_s"] = round(statistics.median(base[1:]), 3)
     mid = n // 2
     for k in range(args.repeats + 1):
-        i = mid + 97 * k
+        i = (mid + 97 * k) % max(1, n - args.next_steps - 1)  # a small trace wraps round
         dt, ctx, page = _load(browser, f"{url}/step/{i}", ["step-heatmap"])
         step_load.append(dt)
         for j in range(args.next_steps):
@@ -264,9 +315,24 @@ is in flight.
 | timeline, second visit (scripts in the browser's cache) | median {res["timeline_cached_scripts"]["median_s"]} s, max {res["timeline_cached_scripts"]["max_s"]} s ({res["timeline_cached_scripts"]["n"]} loads) | | |
 | timeline opened the moment the server starts | drawn in {res.get("cold_timeline_drawn_s", "?")} s{" from part of the summaries" if res.get("cold_timeline_partial") else ""}, complete in {res.get("cold_timeline_complete_s", "?")} s | | |
 
-{_baseline(res)}A timeline load made {res.get("timeline_callbacks", "?")} callback requests carrying {res.get("timeline_callback_bytes", 0):,} bytes
-(the overview is binned server-side: at most 1,000 bins per mode, never one point per step) and fetched
-{res.get("script_bytes", 0):,} bytes of scripts (plotly.js is 4.85 MB of them).
+{_baseline(res)}A timeline load got its page in the layout ({res.get("timeline_layout_bytes", 0):,} bytes; the overview is binned
+server-side: at most 1,000 bins per mode, never one point per step), made {res.get("timeline_callbacks", "?")} callback requests
+({res.get("timeline_callback_bytes", 0):,} bytes), and fetched {res.get("script_bytes", 0):,} bytes of scripts (plotly.js is 4.85 MB of them;
+{res.get("timeline_breakdown", {}).get("script_transfer_bytes", 0):,} bytes on the wire).
+
+{_breakdown_md(res)}"""  # noqa: E501
+
+
+def _breakdown_md(res: dict) -> str:
+    b = res.get("timeline_breakdown")
+    if not b:
+        return ""
+    tasks = ", ".join(f"{d} @{s}" for s, d in b["long_tasks"])
+    return f"""Where one more fresh timeline load (drawn in {b["wall_s"]} s from `page.goto`) spent its time, in ms from the
+browser's navigation start: HTML in at {b["html_ms"]}, all scripts in at {b["scripts_ms"]}, DOMContentLoaded at
+{b["dom_content_loaded_ms"]}; layout requested at {b["layout_request_ms"]} and in at {b["layout_response_ms"]}, the page rendered at
+{b["page_rendered_ms"]}; plotly.js ready at {b["plotly_ready_ms"]} (its execution: a {b["plotly_exec_ms"]} ms task), the three figures
+drawn at {b["drawn_ms"]} ({b["draw_ms"]} ms after plotly.js). Main-thread long tasks (ms @ start): {tasks}; {b["main_thread_long_task_ms"]} ms in all.
 """  # noqa: E501
 
 
