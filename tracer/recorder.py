@@ -548,7 +548,8 @@ class SnapshotRing:
     The host numbers replays in launch order (`claim`; every replay runs on the compute stream, so launch order
     is the order the rows are written) and every `drain_every` replays enqueues one copy of the new rows to
     pinned memory on the compute stream, which orders it after those replays and before any later one, so a
-    row is never overwritten before it is copied. On the CPU the same rows are written at each emulated replay.
+    row is never overwritten before it is copied. On the CPU the same rows are written at each emulated replay
+    and a drain copies them at once.
     """
 
     def __init__(self, device: torch.device, width: int, rows: int) -> None:
@@ -559,8 +560,8 @@ class SnapshotRing:
         self.drain_every = max(1, rows // 4)
         self.dev = torch.zeros(rows, width, dtype=torch.int64, device=device)
         self.index = torch.zeros(1, dtype=torch.int64, device=device)
-        self.host = torch.zeros(rows, width, dtype=torch.int64, pin_memory=self.is_cuda) if self.is_cuda \
-            else self.dev
+        # A host copy apart from the device rows on the CPU too: only a drain overwrites a host row, as on a GPU.
+        self.host = torch.zeros(rows, width, dtype=torch.int64, pin_memory=self.is_cuda)
         self.count = 0  # replays claimed
         self.drained = 0  # replays covered by an enqueued drain copy
         self._done = 0  # replays whose rows are on the host
@@ -585,13 +586,12 @@ class SnapshotRing:
         a, b = self.drained, self.count
         if a == b:
             return
+        for lo, hi in _row_ranges(a, b, self.rows):
+            self.host[lo:hi].copy_(self.dev[lo:hi], non_blocking=self.is_cuda)
+        ev = None
         if self.is_cuda:
-            for lo, hi in _row_ranges(a, b, self.rows):
-                self.host[lo:hi].copy_(self.dev[lo:hi], non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(torch.cuda.current_stream(self.device))
-        else:
-            ev = None
         self._drains.append((b, ev))
         self.drained = b
 

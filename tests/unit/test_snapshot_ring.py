@@ -49,3 +49,39 @@ def test_row_ranges_wrap() -> None:
     assert _row_ranges(14, 18, 16) == [(14, 16), (0, 2)]
     assert _row_ranges(12, 16, 16) == [(12, 16)]
     assert _row_ranges(3, 40, 16) == [(0, 16)]
+
+
+def test_step_held_open_keeps_its_row_through_wraps(tmp_path) -> None:
+    """A step that stays open while more replays than the ring has rows go by (its values were written into row 0,
+    which later replays and drains reuse) still records its own values."""
+    import torch
+    from specscope.tracer.process_writer import ProcessTraceWriter
+    from specscope.tracer.recorder import Recorder
+    from specscope.tracer.schema import ForwardMode, GraphPhase
+    from stepgen import make_run
+
+    path = str(tmp_path / "held.db")
+    rec = Recorder(ProcessTraceWriter(path, make_run()), torch.device("cpu"))
+    ring = rec.open_ring(width=8, budget_bytes=1)  # 16 rows, drained every 4 replays
+    layout = [("out_cache_loc", torch.int64, (4,), 0)]
+
+    def replay(value: int, end: bool = True):  # noqa: ANN202 - a StepRecord
+        r = rec.begin_step(iteration=value, mode=ForwardMode.DRAFT_DECODE, model="draft", step_id=0, batch_size=4,
+                           padded_batch_size=4, graph=GraphPhase.REPLAY, tokens_per_request=1, num_draft_tokens=4,
+                           page_size=16)
+        rec.assign_index(r)
+        ring.write(torch.full((4,), value, dtype=torch.int64))
+        rec.snapshot_ring(r, ring.claim(), 4, layout, {})
+        if end:
+            rec.end_step(r)
+        return r
+
+    held = replay(1000, end=False)
+    for i in range(50):
+        replay(i)
+    rec.end_step(held)
+    rec.close()
+    with TraceReader(path) as r:
+        assert r.num_steps() == 51
+        vals = [int(s.array("out_cache_loc").values[0]) for s in r.steps()]
+    assert vals == [1000, *range(50)]
