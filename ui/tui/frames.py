@@ -1,13 +1,14 @@
 """The main screen draws the frame after a move as soon as it is idle, not on Textual's next 60 fps tick.
 
 Textual coalesces repaints: a widget's refresh reaches the screen as a message, and when the screen is idle it
-resumes a 1/60 s interval timer whose tick lays out and renders. That timer's grid starts when the screen does,
-and after a tick that ran longer than one period it skips one period too many (Textual 8.2's `Timer._run`:
-`count = int(elapsed / interval + 1)`, then it waits for `count + 1`), so a key that lands just after a frame
-waited 17-33 ms for the next one: on the 100k-step benchmark that was 13 ms of a step's 20-25 ms median and the
-difference between its UI-thread CPU p99 and its wall p99. A move marks the screen (`frame_now`); the screen's
-next idle moment -- every widget's refresh of that move has arrived by then, they are posted in the same loop
-turn -- runs the tick's own work at once. Everything else (mouse, scrolling, modal screens) keeps Textual's pace.
+resumes a 1/60 s interval timer whose tick lays out and renders. That timer's grid starts when the screen does, and
+after a tick that ran longer than one period it skips one period too many (Textual 8.2's `Timer._run`: `count =
+int(elapsed / interval + 1)`, then it waits for `count + 1`), so a key that lands just after a frame got its frame
+17-33 ms after that one: on the 100k-step benchmark's back-to-back keys the frame waited 13 ms (median, up to 30)
+after the move was done, the gap between the UI thread's CPU p99 and the wall p99. A move marks the screen
+(`frame_now`); the screen's next idle moment -- every widget's refresh of that move has arrived by then, they are
+posted in the same loop turn -- runs the tick's own work at once. Everything else (mouse, scrolling, modal screens)
+keeps Textual's pace.
 """
 
 from __future__ import annotations
