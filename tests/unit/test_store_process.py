@@ -58,9 +58,17 @@ def test_process_writer_round_trip(tmp_path: os.PathLike[str]) -> None:
         assert r.checked_through() is None  # recorded without the checker
 
 
-def test_child_error_is_reported_in_its_own_words(tmp_path: os.PathLike[str]) -> None:
-    path = os.path.join(tmp_path, "dup.db")
+def _writer(path: str, background: bool) -> ProcessTraceWriter:
     w = ProcessTraceWriter(path, make_run())
+    if background:
+        w.send_in_background()  # what the GPU recorder uses: a thread writes the pipe
+    return w
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "background"])
+def test_child_error_is_reported_in_its_own_words(tmp_path: os.PathLike[str], background: bool) -> None:
+    path = os.path.join(tmp_path, "dup.db")
+    w = _writer(path, background)
     w.write_step(make_step(0))
     w.write_step(make_step(0))
     with pytest.raises(TraceError, match="step index 0 was written twice"):
@@ -78,9 +86,10 @@ def test_start_failure_says_why(tmp_path: os.PathLike[str]) -> None:
         ProcessTraceWriter(path, make_run())
 
 
-def test_killed_child_is_named_and_nothing_hangs(tmp_path: os.PathLike[str]) -> None:
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "background"])
+def test_killed_child_is_named_and_nothing_hangs(tmp_path: os.PathLike[str], background: bool) -> None:
     path = os.path.join(tmp_path, "killed.db")
-    w = ProcessTraceWriter(path, make_run())
+    w = _writer(path, background)
     for i in range(10):
         w.write_step(make_step(i))
     w.flush()
