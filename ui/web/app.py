@@ -80,19 +80,6 @@ function (gantt, overlap) {
   return ['/step/' + s, ''];
 }
 """
-# The page a browser shows is in the layout it first gets (see `_first_route`); afterwards, a change of address
-# (or of the trace, for the pages that summarize it) goes to the server's `render`. Here, in the browser: the
-# route to render, or no_update when it is the one already shown (a step page stays as it is when the trace grows).
-ROUTE_JS = """
-function (pathname, search, version, shown) {
-  var want = {path: pathname || '/', search: search || '', version: version};
-  if (shown && shown.path === want.path && shown.search === want.search &&
-      (shown.version === want.version || want.path.indexOf('/step/') === 0)) return window.dash_clientside.no_update;
-  return want;
-}
-"""
-
-
 def _index(head: str) -> str:
     return ("""<!DOCTYPE html>
 <html><head>{%metas%}<title>{%title%}</title>{%favicon%}{%css%}""" + head + "<style>" + CSS + """</style></head>
@@ -294,14 +281,15 @@ def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms:
     def layout() -> html.Div:
         # A function: each page load gets the current step count and polls only while something can change; and
         # the page at the browser's address, so that no callback round trip stands before its first figure.
-        version, route = d.version, _first_route()
-        shown = None if route is None else {"path": route[0], "search": route[1], "version": version}
+        # dcc.Location given the address it is at changes nothing as it mounts, so `render` (prevent_initial_call)
+        # is not called for the page already there; without a route it sets the address, and `render` draws it.
+        route = _first_route()
+        where = {} if route is None else {"pathname": route[0], "search": route[1]}
         children = None if route is None else _safe(pages.error_panel)(d.page)(*route)
         return html.Div([
-            dcc.Location(id="url", refresh=False),
+            dcc.Location(id="url", refresh=False, **where),
             dcc.Interval(id="live", interval=live_interval_ms, disabled=not d.needs_poll()),
-            dcc.Store(id="version", data=version),
-            dcc.Store(id="route", data=shown),
+            dcc.Store(id="version", data=d.version),
             _nav(d),
             html.Main(html.Div(children, id="page")),
         ])
@@ -349,15 +337,14 @@ def _http_error(e: Exception) -> Any:
 
 
 def _register(app: Dash, d: Dashboard) -> None:
-    app.clientside_callback(ROUTE_JS, Output("route", "data"), Input("url", "pathname"), Input("url", "search"),
-                            Input("version", "data"), State("route", "data"))
-
-    @app.callback(Output("page", "children"), Input("route", "data"), prevent_initial_call=True)
+    @app.callback(Output("page", "children"), Input("url", "pathname"), Input("url", "search"),
+                  Input("version", "data"), prevent_initial_call=True)
     @_safe(pages.error_panel)
-    def render(route: object) -> Any:
-        if not isinstance(route, dict):
-            raise InputError("malformed route")
-        return d.page(route.get("path"), route.get("search"))
+    def render(pathname: object, search: object, _version: object) -> Any:
+        trig = dash.ctx.triggered_id
+        if trig == "version" and isinstance(pathname, str) and pathname.startswith("/step/"):
+            raise dash.exceptions.PreventUpdate  # a growing trace does not change a step already shown
+        return d.page(pathname, search)
 
     @app.callback(Output("version", "data"), Output("live-status", "children"), Output("live", "disabled"),
                   Input("live", "n_intervals"), prevent_initial_call=True)
