@@ -283,13 +283,16 @@ def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms:
         # the page at the browser's address, so that no callback round trip stands before its first figure.
         # dcc.Location given the address it is at changes nothing as it mounts, so `render` (prevent_initial_call)
         # is not called for the page already there; without a route it sets the address, and `render` draws it.
+        # Whether to poll is asked before the page is built: summaries that finish loading in between must still
+        # be polled for, or a page built from part of them would keep its "loading" banner.
+        version, poll = d.version, d.needs_poll()
         route = _first_route()
         where = {} if route is None else {"pathname": route[0], "search": route[1]}
         children = None if route is None else _safe(pages.error_panel)(d.page)(*route)
         return html.Div([
             dcc.Location(id="url", refresh=False, **where),
-            dcc.Interval(id="live", interval=live_interval_ms, disabled=not d.needs_poll()),
-            dcc.Store(id="version", data=d.version),
+            dcc.Interval(id="live", interval=live_interval_ms, disabled=not poll),
+            dcc.Store(id="version", data=version),
             _nav(d),
             html.Main(html.Div(children, id="page")),
         ])
