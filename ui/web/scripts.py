@@ -62,7 +62,10 @@ class PlotlyScript:
         """Read the script and gzip it (in a daemon thread: a first request never waits for the compression)."""
 
         def work() -> None:
-            data = self.plain()
+            try:
+                data = self.plain()
+            except OSError:
+                return  # a request for the script then fails with one line on stderr (app._http_error)
             self._gzip = gzip.compress(data, compresslevel=6, mtime=0)
 
         threading.Thread(target=work, name="specscope-web-gzip", daemon=True).start()
