@@ -32,7 +32,6 @@ class _Captured:
     graph: torch.cuda.CUDAGraph | None
     logits: torch.Tensor | None  # static output buffer (GPU); None on the CPU
     packed: torch.Tensor | None  # static snapshot buffer the graph refills on each replay (GPU, tracing)
-    pack_len: int = 0  # values the graph writes into the snapshot ring per replay (tracing)
 
 
 class GraphRunner:
@@ -124,7 +123,7 @@ class GraphRunner:
             packed = self.pack(fb) if self.pack is not None else None
             if self.ring is not None and packed is not None:
                 self.ring.write(packed)  # the replay's snapshot goes to the ring row the device index names
-        self.captured[bs] = _Captured(graph, logits, packed, 0 if packed is None else packed.numel())
+        self.captured[bs] = _Captured(graph, logits, packed)
         return fb
 
     def replay_prepare(self, live: ForwardBatch) -> ForwardBatch:
@@ -161,13 +160,13 @@ class GraphRunner:
         snapshot when tracing without a ring, the number of values written into the snapshot ring when with)."""
         cap = self.captured[fb.batch_size]
         if cap.graph is not None:
-            cap.graph.replay()
-            if self.ring is not None:
-                return cap.logits[:raw_num_tokens], None, cap.pack_len
-            return cap.logits[:raw_num_tokens], cap.packed, 0
-        logits = self.forward(fb.input_ids, fb.positions, fb)[:raw_num_tokens]
-        packed = self.pack(fb) if self.pack is not None else None
+            cap.graph.replay()  # its snapshot, when tracing, is in cap.packed and (with a ring) in a ring row
+            logits, packed = cap.logits[:raw_num_tokens], cap.packed
+        else:
+            logits = self.forward(fb.input_ids, fb.positions, fb)[:raw_num_tokens]
+            packed = self.pack(fb) if self.pack is not None else None
+            if self.ring is not None and packed is not None:
+                self.ring.write(packed)  # the emulated graph writes the ring as the captured one does
         if self.ring is not None and packed is not None:
-            self.ring.write(packed)  # the emulated graph writes the ring as the captured one does
             return logits, None, packed.numel()
         return logits, packed, 0

@@ -249,7 +249,7 @@ class ModelRunner:
                        (fb.req_pool_indices.shape[0], md.page_table.shape[1]), 0))
         crop = {"page_table": width, "req_to_token_page_starts": width}
         if ring_len:
-            self.recorder.snapshot_ring(rec, self.recorder.ring.claim(), ring_len, layout, crop)
+            self.recorder.snapshot_ring(rec, ring_len, layout, crop)
         else:
             self.recorder.snapshot_pack(rec, packed, layout, crop_cols=crop)
         rec.scalars.update(

@@ -139,7 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torch = load_torch()
         bench = Bench(torch, args.spec_steps)
-        bench.fused_setting = None
         table = presets(args.quick)
         rows: list[dict[str, Any]] = []
         t0 = time.perf_counter()

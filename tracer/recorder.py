@@ -251,11 +251,11 @@ class Recorder:
             host, slot = packed.detach().clone(), None
         rec.packs.append(_PendingPack(host, layout, crop_cols, slot))
 
-    def snapshot_ring(self, rec: StepRecord, seq: int, length: int,
+    def snapshot_ring(self, rec: StepRecord, length: int,
                       layout: list[tuple[str, torch.dtype, tuple[int, ...], int]], crop_cols: dict[str, int]) -> None:
-        """Record a replay's metadata that its graph wrote into SnapshotRing row `seq` (`length` int64 values of
-        `layout`): no device work here; the values arrive with the next drain."""
-        rec.packs.append(_PendingPack(None, layout, crop_cols, None, seq, length))
+        """Record the metadata that the replay just launched wrote into its SnapshotRing row (`length` int64 values
+        of `layout`): no device work here; the values arrive with the next drain."""
+        rec.packs.append(_PendingPack(None, layout, crop_cols, None, self.ring.claim(), length))  # type: ignore[union-attr]
         self._drain_ring(force=False)
 
     def snapshot_float(self, rec: StepRecord, name: str, t: torch.Tensor) -> None:
@@ -286,7 +286,7 @@ class Recorder:
                 yield
             except BaseException as exc:
                 if is_sticky_cuda_error(exc):
-                    _DEAD_CONTEXT_OBJECTS.append(starts)  # destroying them now would warn on the dead context
+                    keep_until_exit(starts)  # destroying them now would warn on the dead context
                 raise
             for r, start in zip(recs, starts, strict=True):
                 end = self._event()
@@ -334,7 +334,6 @@ class Recorder:
             i -= 1
         self._pending.insert(i, rec)
         if self._failed is None:
-            self._drain_ring(force=False)
             self.poll()
 
     def _ring_timed(self, rec: StepRecord) -> bool:
@@ -459,7 +458,7 @@ class Recorder:
         recs = sorted(list(self._pending) + launched, key=lambda r: r.index)
         # Device objects must never be destroyed now: their destructors query the dead context and print C++
         # warnings (or abort). The process is ending; keep them referenced until it does.
-        _DEAD_CONTEXT_OBJECTS.extend([self._free_events, self._ring, self._clock, recs, self.ring])
+        keep_until_exit(self._free_events, self._ring, self._clock, recs, self.ring)
         for raw in self._outbox:  # resolved before the failure: complete, and first in index order
             self.writer.write_raw_step(raw)
         self._outbox = []
@@ -473,7 +472,7 @@ class Recorder:
         for r in recs:
             r.end_ns = r.end_ns or time.perf_counter_ns()
             if self.is_cuda:
-                _DEAD_CONTEXT_OBJECTS.append((r.spans, r.packs, r.floats, r.done_event))
+                keep_until_exit(r.spans, r.packs, r.floats, r.done_event)
                 r.packs, r.floats, r.done_event = [], [], None  # device copies may never have landed
                 r.spans = [s for s in r.spans if not isinstance(s.start, torch.cuda.Event)]
             self.writer.write_raw_step(self._resolve(r))

@@ -247,14 +247,10 @@ def _flat_ints(values: Iterable[int], count: int) -> np.ndarray:
         return np.fromiter(values, np.int64, count=count)
 
 
-@dataclass
-class StepParts:
-    """A step in columns, as both `Step` objects and the recorder's compact form reduce to before encoding."""
+@dataclass(kw_only=True)
+class _StepFacts:
+    """What a step carries beside its header and request columns, in both of the column forms below."""
 
-    header: dict[str, Any]  # Step.header_dict() form
-    num_requests: int
-    int_cols: dict[str, Sequence[int]]  # REQUEST_INT_FIELDS -> n values
-    tuple_cols: dict[str, Sequence[Sequence[int]]]  # REQUEST_TUPLE_FIELDS -> n tuples
     json_cols: dict[str, list[Any]] = field(default_factory=dict)
     arrays: list[tuple[str, str, tuple[int, ...], int, np.ndarray]] = field(default_factory=list)
     spans: list[tuple[str, str, int, int]] = field(default_factory=list)
@@ -262,6 +258,16 @@ class StepParts:
     waits: list[tuple[str, str, str]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     faults_fired: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StepParts(_StepFacts):
+    """A step in columns, as both `Step` objects and the recorder's compact form reduce to before encoding."""
+
+    header: dict[str, Any]  # Step.header_dict() form
+    num_requests: int
+    int_cols: dict[str, Sequence[int]]  # REQUEST_INT_FIELDS -> n values
+    tuple_cols: dict[str, Sequence[Sequence[int]]]  # REQUEST_TUPLE_FIELDS -> n tuples
 
 
 def parts_from_step(step: Step) -> StepParts:
@@ -299,20 +305,13 @@ class EncodedStep:
 
 
 @dataclass
-class StepColumns:
+class StepColumns(_StepFacts):
     """A step as numpy columns: what `encode_columns` encodes (the writer process builds it straight from its
     input frame; `columns_from_parts` builds it from `StepParts`)."""
 
     header: dict[str, Any]  # Step.header_dict() form
     table: np.ndarray  # [len(REQUEST_INT_FIELDS) + len(REQUEST_TUPLE_FIELDS), n]: int fields, then tuple lengths
     values: np.ndarray  # 1-D: the tuple fields' values, field after field, request after request
-    json_cols: dict[str, list[Any]] = field(default_factory=dict)
-    arrays: list[tuple[str, str, tuple[int, ...], int, np.ndarray]] = field(default_factory=list)
-    spans: list[tuple[str, str, int, int]] = field(default_factory=list)
-    violations: list[dict[str, Any]] = field(default_factory=list)
-    waits: list[tuple[str, str, str]] = field(default_factory=list)
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    faults_fired: list[str] = field(default_factory=list)
 
 
 def narrow_ints(a: np.ndarray) -> np.ndarray:
@@ -339,8 +338,8 @@ def columns_from_parts(p: StepParts) -> StepColumns:
     table = _int_table(ints_src + lens, n)
     flat = itertools.chain.from_iterable(itertools.chain.from_iterable(tuple_src))
     vals = _flat_ints(flat, sum(map(sum, lens)))
-    return StepColumns(p.header, table, vals, p.json_cols, p.arrays, p.spans, p.violations, p.waits, p.errors,
-                       p.faults_fired)  # fmt: skip
+    return StepColumns(p.header, table, vals, json_cols=p.json_cols, arrays=p.arrays, spans=p.spans,
+                       violations=p.violations, waits=p.waits, errors=p.errors, faults_fired=p.faults_fired)
 
 
 def encode_parts(p: StepParts, blob_ref: Callable[[str, np.ndarray], str]) -> EncodedStep:

@@ -71,7 +71,7 @@ def test_step_held_open_keeps_its_row_through_wraps(tmp_path) -> None:
                            page_size=16)
         rec.assign_index(r)
         ring.write(torch.full((4,), value, dtype=torch.int64))
-        rec.snapshot_ring(r, ring.claim(), 4, layout, {})
+        rec.snapshot_ring(r, 4, layout, {})
         if end:
             rec.end_step(r)
         return r
