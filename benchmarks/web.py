@@ -217,6 +217,8 @@ def _measure(args: argparse.Namespace, browser: object, app: object, src: object
         payload["baseline_trace"] = os.path.relpath(args.baseline)
         payload["baseline_steps"] = small.dashboard.sources["a"].num_steps()  # type: ignore[attr-defined]
         payload["baseline_timeline_median_s"] = round(statistics.median(base[1:]), 3)
+    if args.ab:
+        payload["ab"] = _ab(args, browser, src.path)  # type: ignore[attr-defined]
     mid = n // 2
     for k in range(args.repeats + 1):
         i = (mid + 97 * k) % max(1, n - args.next_steps - 1)  # a small trace wraps round
@@ -261,6 +263,75 @@ def _measure(args: argparse.Namespace, browser: object, app: object, src: object
         "step_s": res["step_next_key"]["median_s"] <= TARGETS["step_s"],
     }
     return res
+
+
+def _bundle(variant: str) -> object:
+    from specscope.ui.web import scripts
+
+    kind, _, hint = variant.partition("-")
+    if kind not in ("full", "partial") or hint not in ("", "nohint"):
+        raise SystemExit(f"web.py: error: unknown --ab variant {variant!r} "
+                         "(full, partial, full-nohint, partial-nohint)")
+    b = scripts.full_bundle(hint=not hint) if kind == "full" else scripts.choose_bundle(hint=not hint)
+    if kind == "partial" and not b.partial:
+        raise SystemExit("web.py: error: no partial plotly.js bundle for the installed plotly (see the line above)")
+    return b
+
+
+def _ab(args: argparse.Namespace, browser: object, path: str) -> dict:
+    """Same-run A/B of plotly.js variants: one server per variant on the same trace, fresh-context timeline loads
+    alternating between them (the order rotated each round), so a busy machine weighs on every variant alike."""
+    from specscope.ui.web.app import create_app
+    from specscope.ui.web.server import serve_in_thread
+
+    variants = args.ab.split(",")
+    servers = []
+    for v in variants:
+        app = create_app(path, plotly=_bundle(v))
+        app.dashboard.sources["a"].wait_loaded()  # type: ignore[attr-defined]
+        servers.append(serve_in_thread(app))
+    loads: dict[str, list[dict]] = {v: [] for v in variants}
+    load0 = os.getloadavg()[0]
+    try:
+        for k in range(args.ab_repeats + 1):
+            for j in range(len(variants)):
+                i = (j + k) % len(variants)
+                b = _breakdown(browser, servers[i][1])
+                if k:  # the first round warms the servers' caches
+                    loads[variants[i]].append(b)
+    finally:
+        for srv, _url in servers:
+            srv.shutdown()  # type: ignore[attr-defined]
+
+    def med(xs: list[dict], key: str) -> float | None:
+        vals = [x[key] for x in xs if x.get(key) is not None]
+        return round(statistics.median(vals), 3) if vals else None
+
+    return {"variants": {v: {"timeline_median_s": med(xs, "wall_s"), "timeline_max_s": max(x["wall_s"] for x in xs),
+                             "n": len(xs), "plotly_exec_ms": med(xs, "plotly_exec_ms"), "draw_ms": med(xs, "draw_ms"),
+                             "plotly_ready_ms": med(xs, "plotly_ready_ms"),
+                             "main_thread_long_task_ms": med(xs, "main_thread_long_task_ms"),
+                             "script_transfer_bytes": xs[0]["script_transfer_bytes"],
+                             "loads_s": [x["wall_s"] for x in xs]} for v, xs in loads.items()},
+            "load_average_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def _ab_md(res: dict) -> str:
+    ab = res.get("ab")
+    if not ab:
+        return ""
+    rows = "\n".join(f"| {v} | {x['timeline_median_s']} s | {x['timeline_max_s']} s | {x['n']} | "
+                     f"{x['plotly_ready_ms']} | {x['plotly_exec_ms']} | {x['draw_ms']} | "
+                     f"{x['main_thread_long_task_ms']} |" for v, x in ab["variants"].items())
+    return f"""
+Same-run A/B of the plotly.js served (`--ab`; one server per variant on this trace, fresh-context timeline loads
+alternating, {ab["date"]}, load {ab["load_average_1min"][0]} → {ab["load_average_1min"][1]}; medians; ms from navigation start):
+
+| variant | first timeline | max | loads | plotly.js ready (ms) | its execution (ms) | draw (ms) | main-thread long tasks (ms) |
+|---|---|---|---|---|---|---|---|
+{rows}
+"""  # noqa: E501
 
 
 def _cpu_model() -> str:
@@ -320,7 +391,7 @@ server-side: at most 1,000 bins per mode, never one point per step), made {res.g
 ({res.get("timeline_callback_bytes", 0):,} bytes), and fetched {res.get("script_bytes", 0):,} bytes of scripts (plotly.js is 4.85 MB of them;
 {res.get("timeline_breakdown", {}).get("script_transfer_bytes", 0):,} bytes on the wire).
 
-{_breakdown_md(res)}"""  # noqa: E501
+{_breakdown_md(res)}{_ab_md(res)}"""  # noqa: E501
 
 
 def _breakdown_md(res: dict) -> str:
@@ -354,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline", default="samples/traces/h200-plan-stream.db",
                     help="a small trace whose timeline is timed too, as the machine's floor ('' to skip)")
+    ap.add_argument("--ab", default="full,partial",
+                    help="plotly.js variants to compare in the same run (full, partial, full-nohint, partial-nohint; "
+                         "comma-separated; '' to skip)")
+    ap.add_argument("--ab-repeats", type=int, default=6, help="timed loads per A/B variant")
     ap.add_argument("--out", help="write the results JSON here")
     ap.add_argument("--md", help="write a short markdown report here")
     ap.add_argument("--note", default="", help="a line for the markdown report (e.g. machine load)")

@@ -26,6 +26,7 @@ from webfixtures import (  # noqa: E402,F401
     SAMPLES,
     browser_fixture,
     clean_twin_fixture,
+    partial_bundle,
     screenshot_dir,
     twins_fixture,
 )
@@ -35,7 +36,7 @@ TIMEOUT_MS = 20_000
 
 @pytest.fixture(scope="module")
 def server(clean_twin: str) -> Iterator[str]:
-    app = create_app(FAULT, clean_twin)
+    app = create_app(FAULT, clean_twin, plotly=partial_bundle())  # type: ignore[arg-type]
     srv, url = serve_in_thread(app)
     try:
         yield url
@@ -114,9 +115,23 @@ def test_timeline_range_and_click_to_step(page: object) -> None:
     _idle(p)
 
 
+def test_the_page_runs_the_partial_plotly_bundle(page: object) -> None:
+    from specscope.ui.web import scripts
+
+    p = page
+    loaded: list[str] = []
+    p.on("response", lambda r: loaded.append(r.url) if "plotly" in r.url and r.url.endswith(".js") else None)  # type: ignore[attr-defined]
+    p.goto("/")  # type: ignore[attr-defined]
+    _rendered(p, "tl-overview")
+    assert [u.split("/", 3)[3] for u in loaded] == [partial_bundle().url.lstrip("/")]  # type: ignore[attr-defined]
+    traces = p.evaluate("() => Object.keys(Plotly.PlotSchema.get().traces).sort()")  # type: ignore[attr-defined]
+    assert traces == sorted(scripts.PARTIAL_TRACES)
+    _idle(p)
+
+
 def test_timeline_of_a_plan_stream_trace(browser: object) -> None:
     # Real H200 timings with the plan stream on: the overlap chart has bars and the window has a hidden share.
-    app = create_app(os.path.join(SAMPLES, "h200-plan-stream.db"))
+    app = create_app(os.path.join(SAMPLES, "h200-plan-stream.db"), plotly=partial_bundle())  # type: ignore[arg-type]
     srv, url = serve_in_thread(app)
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
     p = ctx.new_page()
@@ -249,7 +264,7 @@ def test_compare_page(browser: object, twins: tuple[str, str]) -> None:
     fault, clean = twins
     with TraceReader(fault) as a, TraceReader(clean) as b:
         rep = diff_traces(a, b, max_steps=2000)
-    app = create_app(fault, clean)
+    app = create_app(fault, clean, plotly=partial_bundle())  # type: ignore[arg-type]
     srv, url = serve_in_thread(app)
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, base_url=url)  # type: ignore[attr-defined]
     p = ctx.new_page()

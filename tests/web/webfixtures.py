@@ -40,6 +40,17 @@ def twin_command(trace: str, out: str, keep_faults: bool = False) -> list[str]:
     return [sys.executable, "-m", "specscope.ui.cli", "run", *args, "-o", out, "--overwrite"]
 
 
+def partial_bundle() -> object:
+    """The committed partial plotly.js bundle, whichever plotly is installed: the browser tests run on it."""
+    from specscope.ui.web import scripts
+
+    names = sorted(f for f in os.listdir(scripts.STATIC) if f.startswith("plotly-") and f.endswith(".min.js"))
+    assert len(names) == 1, names
+    bundle = scripts.choose_bundle(scripts.bundle_version(os.path.join(scripts.STATIC, names[0])))
+    assert bundle.partial, bundle
+    return bundle
+
+
 def screenshot_dir() -> str | None:
     """Where the browser tests save page screenshots (SPECSCOPE_SCREENSHOTS=docs/screenshots to refresh them)."""
     d = os.environ.get("SPECSCOPE_SCREENSHOTS")

@@ -258,14 +258,17 @@ def _live_text(d: Dashboard) -> str:
     return " · ".join(parts)
 
 
-def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms: int = 1000) -> Dash:
-    """A Dash app that serves `trace` (and `compare_with` for the Compare page) and nothing else.
+def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms: int = 1000,
+               plotly: scripts.Bundle | None = None) -> Dash:
+    """A Dash app that serves `trace` (and `compare_with` for the Compare page) and nothing else; `plotly` is the
+    plotly.js served (default: scripts.choose_bundle(), the partial bundle).
 
     Raises TraceError when a trace cannot be read."""
     import flask
 
     d = Dashboard(trace, compare_with)
-    plotly_path = scripts.plotly_url()
+    bundle = plotly or scripts.choose_bundle()
+    plotly_path = bundle.url
     # Our own Flask server: no static folder (Flask's /static route would map request paths to files), and an
     # explicit root path (Flask cannot infer one for a module of the `specscope` namespace package).
     server = flask.Flask("specscope_web", root_path=_HERE, instance_path=_NO_ASSETS, static_folder=None)
@@ -276,7 +279,7 @@ def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms:
         eager_loading=False,  # Dash's async bundles on demand; plotly.js is ours (scripts.py)
         hooks={"layout_pre": scripts.layout_pre_hook(plotly_path)},
     )  # fmt: skip
-    scripts.register(server)
+    scripts.register(server, bundle)
 
     def layout() -> html.Div:
         # A function: each page load gets the current step count and polls only while something can change; and

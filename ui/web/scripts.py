@@ -12,18 +12,33 @@ Dash's layout request, instead of after the first graph asks for it.
 - Dash's `layout_pre` renderer hook (called as the layout request goes out) inserts the script and sets
   `window.Plotly` to a promise of it: dcc's graph loader uses `window.Plotly` when it is set (and waits on a
   promise), so plotly.js is loaded once, by us.
+- What is served is our partial bundle (ui/web/static/, built by scripts/build_plotly_partial.py from the installed
+  plotly's own file): plotly.js with only the trace types the figures draw (PARTIAL_TRACES), about a fifth of the
+  full bundle's size and of its execution time. When the installed plotly ships another plotly.js version than the
+  bundle was built from, the full bundle is served instead, and one line on stderr says so.
 """
 
 from __future__ import annotations
 
 import gzip
+import os
+import re
+import sys
 import threading
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 HINT = b"//# allFunctionsCalledOnLoad\n"
+# Whether the served plotly.js gets the hint (an A/B on the partial bundle decides: benchmarks/results/web.md).
+USE_HINT = True
 # dcc's lazily loaded chunks (webpack names them, unversioned) that the first graph and slider mount.
 CHUNKS = ("_dash-component-suites/dash/dcc/async-graph.js", "_dash-component-suites/dash/dcc/async-slider.js")
+# The trace types ui/web/figures.py draws: the partial bundle registers these and no other
+# (tests/web/test_scripts.py derives the set from the figures and checks it against the bundle).
+PARTIAL_TRACES = ("bar", "heatmap", "scatter")
+STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+_VERSION_RE = re.compile(rb"\A/\*\*\n\* plotly\.js v(\S+)\n")
 
 
 def plotly_version() -> str:
@@ -33,25 +48,84 @@ def plotly_version() -> str:
     return str(get_plotlyjs_version())
 
 
+def partial_name(version: str, traces: tuple[str, ...] = PARTIAL_TRACES) -> str:
+    """The file name of the partial bundle of plotly.js `version` with `traces`."""
+    return f"plotly-{version}-{'-'.join(sorted(traces))}.min.js"
+
+
+def _full_bundle() -> str:
+    return str(resources.files("plotly") / "package_data" / "plotly.min.js")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """The plotly.js file served, at which URL, and whether the compile hint goes in front."""
+
+    path: str
+    url: str
+    partial: bool
+    hint: bool = USE_HINT
+
+
+def full_bundle(version: str | None = None, hint: bool = USE_HINT) -> Bundle:
+    """The installed plotly package's full plotly.js."""
+    version = version or plotly_version()
+    return Bundle(_full_bundle(), f"/_specscope/plotly-{version}.min.js", False, hint)
+
+
+def bundle_version(path: str) -> str | None:
+    """The plotly.js version a bundle's header names (None when unreadable or not plotly.js)."""
+    try:
+        with open(path, "rb") as f:
+            m = _VERSION_RE.match(f.read(200))
+    except OSError:
+        return None
+    return m.group(1).decode() if m else None
+
+
+def choose_bundle(version: str | None = None, static: str = STATIC, hint: bool = USE_HINT) -> Bundle:
+    """The partial bundle of the installed plotly.js version, or the full bundle (with one line on stderr) when
+    the partial one is missing or was built from another version."""
+    version = version or plotly_version()
+    name = partial_name(version)
+    path = os.path.join(static, name)
+    found = bundle_version(path)
+    if found == version:
+        return Bundle(path, f"/_specscope/{name}", True, hint)
+    if found is not None:
+        why = f"{name} says it is plotly.js {found}"
+    else:
+        try:
+            others = sorted(f for f in os.listdir(static) if f.startswith("plotly-") and f.endswith(".min.js"))
+        except OSError:
+            others = []
+        why = f"no {name}" + (f" (there is {', '.join(others)})" if others else "")
+    print(f"specscope web: the installed plotly ships plotly.js {version} and {why}: serving the full plotly.js "
+          "bundle (rebuild the partial one with scripts/build_plotly_partial.py)", file=sys.stderr)
+    return full_bundle(version, hint)
+
+
 def plotly_url() -> str:
-    """The path plotly.js is served at (versioned: browsers may cache it for good)."""
-    return f"/_specscope/plotly-{plotly_version()}.min.js"
+    """The path plotly.js is served at by default (versioned: browsers may cache it for good)."""
+    return choose_bundle().url
 
 
 class PlotlyScript:
     """The bytes served for plotly.js: read once, with the compile hint; gzipped once in a background thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, bundle: Bundle) -> None:
+        self.bundle = bundle
         self._lock = threading.Lock()
         self._plain: bytes | None = None
         self._gzip: bytes | None = None
 
     def plain(self) -> bytes:
-        """The hinted script."""
+        """The script as served (hinted or not)."""
         with self._lock:
             if self._plain is None:
-                data = (resources.files("plotly") / "package_data" / "plotly.min.js").read_bytes()
-                self._plain = HINT + data
+                with open(self.bundle.path, "rb") as f:
+                    data = f.read()
+                self._plain = HINT + data if self.bundle.hint else data
             return self._plain
 
     def gzipped(self) -> bytes | None:
@@ -71,12 +145,12 @@ class PlotlyScript:
         threading.Thread(target=work, name="specscope-web-gzip", daemon=True).start()
 
 
-def register(server: Any) -> str:
-    """Add the plotly.js route to the Flask server; returns its path."""
+def register(server: Any, bundle: Bundle) -> str:
+    """Add the route of `bundle` to the Flask server; returns its path."""
     import flask
 
-    path = plotly_url()
-    script = PlotlyScript()
+    path = bundle.url
+    script = PlotlyScript(bundle)
     script.prepare()
 
     def plotly_js() -> Any:
