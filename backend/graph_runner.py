@@ -136,13 +136,14 @@ class GraphRunner:
             fill = int(live.seq_lens_cpu.max())
             self.backend.fired.append("padded-row-seqlen")  # accounting only: this replay's padded rows changed
         self.seq_lens[:raw_bs].copy_(live.seq_lens)
-        self.seq_lens[raw_bs:bs].fill_(fill)
         self.seq_lens_cpu[:raw_bs].copy_(live.seq_lens_cpu)
-        self.seq_lens_cpu[raw_bs:bs].fill_(fill)
         self.req_pool_indices[:raw_bs].copy_(live.req_pool_indices)
-        self.req_pool_indices[raw_bs:bs].zero_()
         self.out_cache_loc[:n_raw].copy_(live.out_cache_loc)
-        self.out_cache_loc[n_raw:n].zero_()
+        if bs > raw_bs:  # padded rows (an empty slice would still cost a dispatch per call)
+            self.seq_lens[raw_bs:bs].fill_(fill)
+            self.seq_lens_cpu[raw_bs:bs].fill_(fill)
+            self.req_pool_indices[raw_bs:bs].zero_()
+            self.out_cache_loc[n_raw:n].zero_()
         fb = self._static_batch(bs)
         self.backend.init_forward_metadata_replay_cuda_graph(bs, fb)
         return fb
@@ -151,9 +152,10 @@ class GraphRunner:
         """input_ids and positions: re-copied on the compute stream after the draft (CGR L1172-1184)."""
         n_raw, n = live.num_tokens, bs * self.tokens_per_req
         self.input_ids[:n_raw].copy_(live.input_ids)
-        self.input_ids[n_raw:n].zero_()
         self.positions[:n_raw].copy_(live.positions)
-        self.positions[n_raw:n].zero_()
+        if n > n_raw:
+            self.input_ids[n_raw:n].zero_()
+            self.positions[n_raw:n].zero_()
 
     def replay(self, fb: ForwardBatch, raw_num_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """Run the captured forward over the static buffers; returns (logits of the live tokens, the packed

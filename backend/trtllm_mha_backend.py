@@ -203,26 +203,28 @@ class TRTLLMHABackend(AttentionBackend):
             if in_capture and "zero-cache-seqlens-at-capture" in self.faults:
                 self._fire("zero-cache-seqlens-at-capture")
             else:
-                md.cache_seqlens_int32.copy_(seq_lens + off)
+                torch.add(seq_lens, off, out=md.cache_seqlens_int32)
             md.max_seq_len_k = s_max + off
         elif mode == ForwardMode.TARGET_VERIFY:
             if "max-seq-len-q-override" in self.faults:
                 md.max_seq_len_q = self.speculative_num_draft_tokens  # the line PR #27495 removed
                 if md.max_seq_len_q != fb.num_tokens // bs:
                     self._fire("max-seq-len-q-override")  # only bites when the runner's T differs from K
-            md.cache_seqlens_int32.copy_(seq_lens + md.max_seq_len_q)
+            torch.add(seq_lens, md.max_seq_len_q, out=md.cache_seqlens_int32)
             md.max_seq_len_k = s_max + md.max_seq_len_q
         elif mode == ForwardMode.DRAFT_EXTEND:
             md.cache_seqlens_int32.copy_(seq_lens)
             k = md.max_seq_len_q
-            md.cu_seqlens_q[1:].copy_(torch.arange(k, bs * k + 1, k, dtype=torch.int32, device=self.device))
+            torch.arange(k, bs * k + 1, k, out=md.cu_seqlens_q[1:])
             md.max_seq_len_k = s_max
-        md.cu_seqlens_k[1:].copy_(torch.cumsum(md.cache_seqlens_int32, 0, dtype=torch.int32))
+        # Written in place through out= (one kernel each instead of a temporary and a copy): fewer launches per
+        # replay, the same values.
+        torch.cumsum(md.cache_seqlens_int32, 0, dtype=torch.int32, out=md.cu_seqlens_k[1:])
         n_pages = -(-md.max_seq_len_k // self.page_size)
         if in_capture or "stale-page-table" not in self.faults:
             rpi = fb.req_pool_indices[:bs]
-            md.page_table[:, :n_pages].copy_(
-                self.req_to_token[rpi[:, None], self._strided[None, :n_pages]] // self.page_size)
+            torch.floor_divide(self.req_to_token[rpi[:, None], self._strided[None, :n_pages]], self.page_size,
+                               out=md.page_table[:, :n_pages])
         elif n_pages:
             self._fire("stale-page-table")  # the refresh was skipped: the kernel reads what the buffer held
         if not in_capture:

@@ -33,6 +33,8 @@ _NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", 
 
 _DEAD_CONTEXT_OBJECTS: list[Any] = []
 RING_BYTES = 64 << 20  # device (and pinned host) memory of the snapshot ring
+DRAIN_EVERY = 8  # replays per snapshot-ring drain: few enough that a drain never frees a burst of steps at once
+RESOLVE_PER_POLL = 32  # steps resolved per hot-path poll (an iteration makes 3-7)
 
 
 def keep_until_exit(*objs: Any) -> None:
@@ -340,8 +342,8 @@ class Recorder:
         while i and self._pending[i - 1].index > rec.index:
             i -= 1
         self._pending.insert(i, rec)
-        if self._failed is None:
-            self.poll()
+        # No poll here: resolving costs host time while launches are still being issued; the engine polls just
+        # before it waits on the GPU (and a live viewer's pause flushes).
 
     def _ring_timed(self, rec: StepRecord) -> bool:
         """A replay whose snapshot is in the ring and whose spans are all CUDA events needs no done event: the
@@ -378,21 +380,24 @@ class Recorder:
             for fn in fns:
                 fn()
 
-    def poll(self, force_send: bool = False) -> None:
-        """Write every pending step whose device work has completed (in order; never blocks). Resolved steps go
-        to the writer in batches (one message per `ring.drain_every` steps, or every 20 ms)."""
+    def poll(self, force_send: bool = False, limit: int | None = RESOLVE_PER_POLL) -> None:
+        """Write pending steps whose device work has completed (in order; never blocks), at most `limit` of them
+        (None: all), so a backlog is worked off a little at a time. Resolved steps go to the writer in batches
+        (one message per `ring.drain_every` steps, or every 20 ms)."""
         if self._failed is not None:
             return
         ring = self.ring
         if ring is not None and ring.count > ring.drained and self._pending and \
                 time.perf_counter_ns() - self._pending[0].end_ns > 20_000_000:
             self._drain_ring(force=True)  # a quiet run: do not hold its last steps back
-        self._write_ready()
+        self._write_ready(limit)
         self._send(force_send)
 
-    def _write_ready(self) -> bool:
-        """Resolve pending steps in order while they are complete; False when one is not."""
-        while self._pending:
+    def _write_ready(self, limit: int | None = None) -> bool:
+        """Resolve pending steps in order while they are complete (at most `limit`); False when one is not."""
+        n = 0
+        while self._pending and (limit is None or n < limit):
+            n += 1
             rec = self._pending[0]
             if any(o.index >= 0 and o.index < rec.index for o in self._open):
                 return False  # an earlier-numbered step is still being built
@@ -422,7 +427,7 @@ class Recorder:
             self._drain_ring(force=True)
             if self.is_cuda:
                 torch.cuda.synchronize(self.device)
-        self.poll(force_send=True)
+        self.poll(force_send=True, limit=None)
 
     def _complete(self, rec: StepRecord) -> bool:
         if rec.done_event is not None and not rec.done_event.query():
@@ -461,14 +466,14 @@ class Recorder:
             try:
                 self._drain_ring(force=True)
                 torch.cuda.synchronize(self.device)
-                self.poll(force_send=True)
+                self.poll(force_send=True, limit=None)
             except Exception as e:  # noqa: BLE001 - only sticky CUDA errors are absorbed here
                 if not is_sticky_cuda_error(e):
                     raise
                 self._failed = e
         elif self._failed is None:
             self._drain_ring(force=True)
-            self.poll(force_send=True)
+            self.poll(force_send=True, limit=None)
         if self._failed is not None:
             self._write_after_failure(self._failed)
         self.writer.close()
@@ -578,7 +583,7 @@ class SnapshotRing:
         self.is_cuda = device.type == "cuda"
         self.width = width
         self.rows = rows
-        self.drain_every = max(1, rows // 4)
+        self.drain_every = max(1, min(rows // 4, DRAIN_EVERY))
         self.dev = torch.zeros(rows, width, dtype=torch.int64, device=device)
         self.index = torch.zeros(1, dtype=torch.int64, device=device)
         # A host copy apart from the device rows on the CPU too: only a drain overwrites a host row, as on a GPU.
