@@ -7,7 +7,9 @@ the first load of a run is reported apart (cold caches in the server and the OS)
 summaries in the background: a first timeline opened the moment the server starts is timed until it is drawn
 (from the summaries loaded so far) and until it has redrawn itself complete; the timed loads after it start once
 the summaries are in. A step page is measured both as a fresh load of `/step/N` and as the in-page move to the
-next step (the → key), which is what stepping costs.
+next step (the → key), which is what stepping costs. `--ab full,partial` (the default) also times fresh timeline
+loads of the same trace served with each plotly.js variant (full / partial bundle, `-nohint` without the compile
+hint), alternating in the same run, so a busy machine weighs on each alike.
 
     python benchmarks/web.py --steps 100000 --out benchmarks/results/web.json --md benchmarks/results/web.md
 """
@@ -152,6 +154,9 @@ def _measure(args: argparse.Namespace, browser: object, app: object, src: object
     from specscope.ui.web.server import serve_in_thread
 
     timeline, step_load, step_next, payload = [], [], [], {}
+    bundle = app.plotly_bundle  # type: ignore[attr-defined]
+    payload["plotly_js"] = {"url": bundle.url, "partial": bundle.partial, "compile_hint": bundle.hint,
+                            "bytes": os.path.getsize(bundle.path)}
     graphs = ["tl-overview", "tl-gantt", "tl-overlap"]
     # The very first timeline, opened while the server is still loading summaries.
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
@@ -388,10 +393,19 @@ is in flight.
 
 {_baseline(res)}A timeline load got its page in the layout ({res.get("timeline_layout_bytes", 0):,} bytes; the overview is binned
 server-side: at most 1,000 bins per mode, never one point per step), made {res.get("timeline_callbacks", "?")} callback requests
-({res.get("timeline_callback_bytes", 0):,} bytes), and fetched {res.get("script_bytes", 0):,} bytes of scripts (plotly.js is 4.85 MB of them;
+({res.get("timeline_callback_bytes", 0):,} bytes), and fetched {res.get("script_bytes", 0):,} bytes of scripts ({_plotly_md(res)};
 {res.get("timeline_breakdown", {}).get("script_transfer_bytes", 0):,} bytes on the wire).
 
 {_breakdown_md(res)}{_ab_md(res)}"""  # noqa: E501
+
+
+def _plotly_md(res: dict) -> str:
+    p = res.get("plotly_js")
+    if not p:
+        return "plotly.js is 4.85 MB of them"
+    kind = "the partial plotly.js bundle" if p["partial"] else "the full plotly.js bundle"
+    hint = ", served with the compile hint" if p["compile_hint"] else ""
+    return f"of them {kind} `{p['url']}`: {p['bytes']:,} bytes{hint}"
 
 
 def _breakdown_md(res: dict) -> str:

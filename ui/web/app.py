@@ -302,6 +302,7 @@ def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms:
 
     app.layout = layout
     app.dashboard = d  # type: ignore[attr-defined]
+    app.plotly_bundle = bundle  # type: ignore[attr-defined]
     app.server.register_error_handler(Exception, _http_error)
     _register(app, d)
     return app
