@@ -132,7 +132,7 @@ def partial_source(src: str, traces: tuple[str, ...]) -> tuple[str, str, list[st
     entries = re.findall(r"(" + IDENT + r")\(\)", lists[0].group(2))
     modules = Modules(src, wrappers)
     kinds = {e: modules.identify(e) for e in entries}
-    keep = [e for e in entries if kinds[e] == ("trace", kinds[e][1]) and kinds[e][1] in traces]
+    keep = [e for e in entries if kinds[e][0] == "trace" and kinds[e][1] in traces]
     missing = set(traces) - set(CORE_TRACES) - {kinds[e][1] for e in keep}
     if missing:
         raise BuildError(f"trace types not in the bundle's register list: {', '.join(sorted(missing))}")
