@@ -29,6 +29,7 @@ from .schema import CallError, ForwardMode, GraphPhase, RequestRecord, StreamWai
 
 _NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8",
               torch.bool: "bool", torch.float32: "float32"}
+_LAYOUTS_KEPT = 4096  # distinct snapshot layouts interned (a graph replay's repeats; eager steps vary)
 
 
 _DEAD_CONTEXT_OBJECTS: list[Any] = []
@@ -209,6 +210,9 @@ class Recorder:
         self.ring: SnapshotRing | None = None  # opened by the engine before it captures graphs
         self._outbox: list[dict[str, Any]] = []  # resolved steps, sent to the writer in batches
         self._later: list[Callable[[], None]] = []  # bookkeeping deferred to the host's next wait on the GPU
+        # One shared tuple per distinct layout: a batch pickles a graph's layout once, not once per replay.
+        self._layouts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self._np_names: dict[Any, str] = {}
         self._sent_ns = time.perf_counter_ns()
         if self.is_cuda and hasattr(writer, "send_in_background"):
             # Tiny models make steps faster than the writer child stores them: the engine must not wait on the pipe.
@@ -266,6 +270,16 @@ class Recorder:
         of `layout`): no device work here; the values arrive with the next drain."""
         rec.packs.append(_PendingPack(None, layout, crop_cols, None, self.ring.claim(), length))  # type: ignore[union-attr]
         self._drain_ring(force=False)
+
+    def _layout(self, layout: list[tuple[str, Any, tuple[int, ...], int]]) -> tuple[Any, ...]:
+        """`layout` with numpy dtype names, as the one shared tuple of its value."""
+        key = tuple((n, _NP_DTYPES.get(d, d), sh, ptr) for n, d, sh, ptr in layout)
+        kept = self._layouts.get(key)
+        if kept is None:
+            if len(self._layouts) >= _LAYOUTS_KEPT:
+                self._layouts.clear()
+            kept = self._layouts[key] = key
+        return kept
 
     def snapshot_float(self, rec: StepRecord, name: str, t: torch.Tensor) -> None:
         """Record a float tensor as float32 (sampled attention inputs/outputs for the differential check).
@@ -515,11 +529,10 @@ class Recorder:
             else:
                 spans.append((s.stream, s.name, int(s.start), int(s.end)))
         packs = [(p.host.numpy().copy() if p.seq is None else self.ring.row(p.seq, p.length),  # type: ignore[union-attr]
-                  [(n, _NP_DTYPES[d], sh, ptr) for n, d, sh, ptr in p.layout], p.crop_cols)
-                 for p in rec.packs]
+                  self._layout(p.layout), p.crop_cols) for p in rec.packs]
         floats = [(name, "float32" if t.is_floating_point() else _NP_DTYPES[t.dtype], tuple(t.shape), 0,
                    t.float().numpy() if t.is_floating_point() else t.numpy()) for name, t in rec.floats]
-        floats += [(name, str(v.dtype), tuple(v.shape), ptr, v) for name, v, ptr in rec.host_arrays]
+        floats += [(name, self._np_name(v.dtype), v.shape, ptr, v) for name, v, ptr in rec.host_arrays]
         for p in rec.packs:
             if p.slot is not None:
                 self._ring.release(p.slot)
@@ -536,8 +549,14 @@ class Recorder:
                       num_draft_tokens=rec.num_draft_tokens, page_size=rec.page_size, start_ns=rec.start_ns,
                       end_ns=rec.end_ns, scalars=rec.scalars)
         return dict(header=header, requests=rec.requests, arrays=floats, packs=packs, spans=spans, violations=[],
-                    waits=[w.to_dict() for w in rec.waits], errors=[e.to_dict() for e in rec.errors],
-                    faults_fired=list(rec.faults_fired))
+                    waits=[(w.stream, w.on_stream, w.on_span) for w in rec.waits],
+                    errors=[e.to_dict() for e in rec.errors], faults_fired=list(rec.faults_fired))
+
+    def _np_name(self, dtype: Any) -> str:
+        name = self._np_names.get(dtype)
+        if name is None:
+            name = self._np_names[dtype] = str(dtype)
+        return name
 
 
 class PinnedRing:
