@@ -90,7 +90,10 @@ def test_the_partial_traces_are_what_the_figure_functions_emit(monkeypatch: pyte
 def test_the_partial_bundle_is_served_when_the_versions_match() -> None:
     version = scripts.bundle_version(_committed())
     b = scripts.choose_bundle(version)
-    assert b.partial and b.path == _committed() and b.url == f"/_specscope/{scripts.partial_name(version)}"  # type: ignore[arg-type]
+    with open(_committed(), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    stem = scripts.partial_name(version).removesuffix(".min.js")  # type: ignore[arg-type]
+    assert b.partial and b.path == _committed() and b.url == f"/_specscope/{stem}-{digest}.min.js"
 
 
 @pytest.mark.parametrize("case", ["other version installed", "bundle says another version", "no bundle"])
