@@ -75,7 +75,17 @@ def _quiet(cmd: list[str], cwd: Path | None = None, timeout: float = 5.0) -> str
 
 def _git_commit(cwd: Path = _SOURCE_DIR) -> str | None:
     out = _quiet(["git", "rev-parse", "HEAD"], cwd)
-    return (out or "").strip() or None
+    return (out or "").strip() or archive_commit()
+
+
+def archive_commit() -> str | None:
+    """The commit a `git archive` copy of the checkout was made from (git fills backend/archive_commit.txt in an
+    archive: .gitattributes export-subst), or None in a checkout, where git itself answers."""
+    try:
+        text = (_SOURCE_DIR / "archive_commit.txt").read_text().strip()
+    except OSError:
+        return None
+    return text if text and not text.startswith("$Format") else None
 
 
 def git_dirty(cwd: Path = _SOURCE_DIR) -> str | None:

@@ -360,6 +360,11 @@ def versions(torch: Any) -> dict[str, Any]:
                                          text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         v["git_commit"] = None
+    if not v["git_commit"]:  # a `git archive` copy (how GPU hosts get the tree) names its commit in a file
+        from specscope.backend.session import archive_commit
+
+        commit = archive_commit()
+        v["git_commit"] = commit[:7] if commit else None
     return v
 
 
