@@ -77,3 +77,25 @@ def test_a_recorded_run_carries_the_dirty_flag(tmp_path_factory: pytest.TempPath
     if want is not None:
         assert env["git_dirty"] == want and not any("dirty" in m for m in env["not_recorded"])
     assert env["nvidia_driver"] is None and not any("driver" in m for m in env["not_recorded"])  # a CPU run
+
+
+@pytest.mark.skipif(GIT is None, reason="needs git")
+def test_a_git_archive_copy_names_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree made by `git archive` (how GPU hosts get it) has no .git: the commit comes from the file git filled."""
+    import specscope.backend.session as session
+
+    repo = tmp_path / "repo"
+    shutil.copytree(Path(session.__file__).parent, repo / "backend", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / ".gitattributes").write_text("backend/archive_commit.txt export-subst\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "x")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    out = tmp_path / "copy"
+    out.mkdir()
+    tar = subprocess.run(["git", "archive", "HEAD"], cwd=repo, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "x", "-C", str(out)], input=tar, check=True)
+    monkeypatch.setattr(session, "_SOURCE_DIR", out / "backend")
+    assert session.archive_commit() == head and session._git_commit(out / "backend") == head
+    monkeypatch.setattr(session, "_SOURCE_DIR", repo / "backend")  # a checkout: the file is unfilled, git answers
+    assert session.archive_commit() is None and _git_commit(repo / "backend") == head
