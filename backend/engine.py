@@ -437,16 +437,14 @@ class Engine:
         for r, acc in zip(reqs, accepted, strict=True):
             r.commit(acc, self.iteration)
         s_after = [x + len(a) for x, a in zip(s, accepted, strict=True)]
-        if rec_v is not None and rec_e is not None:
+        if rec_v is not None:
             rec_v.requests = request_states(reqs, s, s_after, [T] * bs, d_host, accepted)
+        if rec_e is not None:
             rec_e.requests = request_states(reqs, s, [x + T for x in s], [T] * bs)
-
-            def close_steps() -> None:
-                recorder.end_step(rec_v)
-                recorder.end_step(rec_e)
-
-            # Closing them resolves the iteration's steps: that waits until the next launches are enqueued.
-            recorder.later(close_steps)
+        closing = [r for r in (rec_v, rec_e) if r is not None]
+        if closing:
+            # Closing them (and resolving the iteration's steps) waits until the next launches are enqueued.
+            recorder.later(lambda: [recorder.end_step(r) for r in closing])
         for acc in accepted:
             self.stats.verify_rows += 1
             self.stats.accepted_total += len(acc)
