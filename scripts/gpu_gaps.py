@@ -9,6 +9,7 @@ in a CUDA synchronize, the largest gaps by where they were charged, and the CPU 
 profiler slows the host (about 1.5x here), so read the gaps as "where", not "how much".
 
     python scripts/gpu_gaps.py llama3-8b:1 tiny:1 llama3-8b:64
+    python scripts/gpu_gaps.py --plan-stream tiny:1      # profile with the plan stream on as well
 """
 
 from __future__ import annotations
@@ -131,7 +132,10 @@ def analyse(trace_path: str, stats: Any, bs: int, label: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Profile each `model:bs` cell (default: llama3-8b:1 tiny:1 llama3-8b:64)."""
+    """Profile each `model:bs` cell (default: llama3-8b:1 tiny:1 llama3-8b:64); `--plan-stream` profiles with the
+    plan stream on too."""
+    profile_plan = [False, True] if "--plan-stream" in argv else [False]
+    argv = [a for a in argv if a != "--plan-stream"]
     if not torch.cuda.is_available():
         print("gpu_gaps: error: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -170,8 +174,10 @@ def main(argv: list[str]) -> int:
             on.append(run(p, bs, True, True, None))
         print(f"##### {cell}: unprofiled iteration ms (plan stream on) untraced {[round(x, 3) for x in off]} traced "
               f"{[round(x, 3) for x in on]}; median ratio {statistics.median(on) / statistics.median(off):.3f}")
-        run(p, bs, False, False, f"{cell} untraced, plan stream off")
-        run(p, bs, True, False, f"{cell} traced, plan stream off")
+        for plan in profile_plan:
+            state = "on" if plan else "off"
+            run(p, bs, False, plan, f"{cell} untraced, plan stream {state}")
+            run(p, bs, True, plan, f"{cell} traced, plan stream {state}")
     print(f"elapsed {time.time() - t0:.0f} s")
     return 0
 
