@@ -2,7 +2,8 @@
 
 A traced CPU run of the embedded models (graph emulation, snapshot ring on) goes through the real recorder; every
 recorder and snapshot call on the engine's thread is timed (`time.perf_counter_ns` around each call, nested calls
-counted once), and the batches it hands the writer are re-pickled afterwards (the engine's encoding cost). Per
+counted once), and the batches it hands the writer are encoded again afterwards as `write_raw_steps` does (the
+engine's encoding cost), alternating with a plain pickle of the same batch (arrays as numpy arrays). Per
 graph replay: median µs of each call, and bytes per step on the pipe. On a GPU the same Python runs, with CUDA
 event records in place of host clock reads, so these are the costs `tracer_overhead.py` sees, minus the events.
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+ENCODE_REPEATS = 20
 CALLS = {"tracer.recorder.Recorder": ("begin_step", "snapshot_ring", "snapshot_pack", "snapshot_host", "end_step",
                                       "_resolve", "assign_index", "fired", "wait"),
          "backend.model_runner.ModelRunner": ("record_snapshot",)}
@@ -81,15 +83,20 @@ def measure(bs: int, new_tokens: int) -> dict[str, Any]:
             setattr(cls, n, f)
         process_writer.ProcessTraceWriter.write_raw_steps = orig_steps  # type: ignore[method-assign]
     replays = [b for b in batches if all(s["header"]["graph"] == "replay" for s in b)]
-    pickle_us, sizes = [], []
+    pickle_us, plain_us, sizes = [], [], []
     for b in replays:
-        t = time.perf_counter_ns()
-        data = pickle.dumps(("steps", b), protocol=pickle.HIGHEST_PROTOCOL)
-        pickle_us.append((time.perf_counter_ns() - t) / 1e3 / len(b))
+        for _ in range(ENCODE_REPEATS):  # alternating: what write_raw_steps sends, and the batch pickled as it is
+            t = time.perf_counter_ns()
+            data = process_writer.encode_frame("steps", process_writer.wire_steps(b))
+            pickle_us.append((time.perf_counter_ns() - t) / 1e3 / len(b))
+            t = time.perf_counter_ns()
+            pickle.dumps(("steps", b), protocol=pickle.HIGHEST_PROTOCOL)
+            plain_us.append((time.perf_counter_ns() - t) / 1e3 / len(b))
         sizes.append(len(data) / len(b))
     calls = {n: {"calls": len(v), "median_us": round(statistics.median(v) / 1e3, 2)} for n, v in sorted(times.items())}
     return dict(batch_size=bs, calls=calls, replay_batches=len(replays),
                 pickle_us_per_step=round(statistics.median(pickle_us), 2) if pickle_us else None,
+                plain_pickle_us_per_step=round(statistics.median(plain_us), 2) if plain_us else None,
                 pipe_bytes_per_step=round(statistics.median(sizes)) if sizes else None)
 
 
@@ -111,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         row = measure(bs, args.new_tokens)
         rows.append(row)
         per = ", ".join(f"{n} {c['median_us']}" for n, c in row["calls"].items())
-        print(f"bs {bs:3d}: pickle {row['pickle_us_per_step']} µs/step, {row['pipe_bytes_per_step']} B/step; {per}")
+        print(f"bs {bs:3d}: encode {row['pickle_us_per_step']} µs/step (arrays pickled as arrays: "
+              f"{row['plain_pickle_us_per_step']}), {row['pipe_bytes_per_step']} B/step; {per}")
     doc = dict(benchmark="recorder_host", machine=platform.processor() or platform.machine(),
                cpus=os.cpu_count(), load_1min=os.getloadavg()[0], python=platform.python_version(),
                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),

@@ -58,6 +58,26 @@ def test_process_writer_round_trip(tmp_path: os.PathLike[str]) -> None:
         assert r.checked_through() is None  # recorded without the checker
 
 
+def test_batched_raw_steps_keep_every_array(tmp_path: os.PathLike[str]) -> None:
+    """`write_raw_steps` sends arrays as bytes (cheap for the engine to pickle): the child stores the same steps, with
+    every dtype and shape, as one step at a time does; a single step in the batch goes the same way."""
+    path_a, path_b = os.path.join(tmp_path, "batched.db"), os.path.join(tmp_path, "single.db")
+    steps = [_v2_step(i) for i in range(12)]
+    a = ProcessTraceWriter(path_a, make_run())
+    a.write_raw_steps([raw_from_step(s) for s in steps[:11]])
+    a.write_raw_steps([raw_from_step(steps[11])])
+    a.close()
+    b = ProcessTraceWriter(path_b, make_run())
+    for s in steps:
+        b.write_step(s)
+    b.close()
+    assert any(arr.values.ndim == 2 for s in steps for arr in s.arrays)
+    assert len({str(arr.values.dtype) for s in steps for arr in s.arrays}) > 1
+    with TraceReader(path_a) as ra, TraceReader(path_b) as rb:
+        assert ra.num_steps() == rb.num_steps() == 12
+        assert [ra.step(i) for i in range(12)] == [rb.step(i) for i in range(12)] == steps
+
+
 def _writer(path: str, background: bool) -> ProcessTraceWriter:
     w = ProcessTraceWriter(path, make_run())
     if background:
