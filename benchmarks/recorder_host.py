@@ -5,9 +5,10 @@ recorder and snapshot call on the engine's thread is timed (`time.perf_counter_n
 counted once), and the batches it hands the writer are encoded again afterwards as `write_raw_steps` does (the
 engine's encoding cost), alternating with a plain pickle of the same batch (arrays as numpy arrays). Per
 graph replay: median µs of each call, and bytes per step on the pipe. On a GPU the same Python runs (with CUDA
-event records in place of host clock reads), but here every call also pays the cold caches the CPU kernels between
-calls leave: a call timed in the run costs 5-7x what it does in a tight loop (`snapshot_host`: 30-40 µs vs 6 µs on
-the 2-core VM). Compare runs of this script with each other (A/B), not with a GPU host's numbers.
+event records in place of host clock reads), but here every call also runs between CPU kernels (most likely it
+pays the cold caches they leave): a call timed in the run costs 5-7x what it does in a tight loop
+(`snapshot_host`: 30-40 µs vs 6 µs on the 2-core VM). Compare runs of this script with each other (A/B), not with
+a GPU host's numbers.
 
     python benchmarks/recorder_host.py            # bs 1 and 16, writes benchmarks/results/recorder_host.json
 """
