@@ -191,11 +191,6 @@ class ControlledRecorder:
         self._inner.end_step(rec)
         self._control.after_step(int(rec.index), int(rec.iteration), self._flush)
 
-    def later(self, fn: Any) -> None:
-        """Run `fn` now: a viewer holding the engine after a step must find that step, and every earlier one, in
-        the trace, so nothing is deferred under a control point."""
-        fn()
-
     @contextmanager
     def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> Iterator[None]:
         """Pass-through (a context manager is looked up on the class, so spell it out)."""

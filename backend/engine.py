@@ -170,7 +170,7 @@ class Engine:
             self.stats.iterations = self.iteration
             if progress:
                 progress(sum(len(r.output) for r in requests), total)
-        self._trace_bookkeeping()
+        self.recorder.poll()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.stats.wall_s = time.perf_counter() - t0
@@ -234,9 +234,10 @@ class Engine:
     def _read(self, t: torch.Tensor) -> list[int]:
         """The host's one read per phase (int64 `[n]`): a non-blocking copy into pinned memory and an event wait.
 
-        The trace's bookkeeping runs first, while the GPU works through what was just launched."""
+        The trace's bookkeeping (resolving finished steps, handing them to the writer) runs first, while the GPU
+        works through what was just launched."""
         if self._readback_event is None:
-            self._trace_bookkeeping()
+            self.recorder.poll()
             return t.tolist()
         n = t.numel()
         if self._readback is None or self._readback.numel() < n:
@@ -244,14 +245,9 @@ class Engine:
         host = self._readback[:n]
         host.copy_(t, non_blocking=True)
         self._readback_event.record()
-        self._trace_bookkeeping()
+        self.recorder.poll()
         self._readback_event.synchronize()
         return host.tolist()
-
-    def _trace_bookkeeping(self) -> None:
-        """Close the steps read back last and hand finished steps to the writer (host work nothing launched needs)."""
-        self.recorder.run_later()
-        self.recorder.poll()
 
     def _keep_first_drafts(self, rpi: torch.Tensor, logits: torch.Tensor) -> None:
         """The draft's next token for each row becomes that request's first draft token of its next iteration."""
@@ -439,17 +435,15 @@ class Engine:
         s_after = [x + len(a) for x, a in zip(s, accepted, strict=True)]
         if rec_v is not None:
             rec_v.requests = request_states(reqs, s, s_after, [T] * bs, d_host, accepted)
-        if rec_e is not None:
-            rec_e.requests = request_states(reqs, s, [x + T for x in s], [T] * bs)
-        closing = [r for r in (rec_v, rec_e) if r is not None]
-        if closing:
-            # Closing them (and resolving the iteration's steps) waits until the next launches are enqueued.
-            recorder.later(lambda: [recorder.end_step(r) for r in closing])
+            self.recorder.end_step(rec_v)
         for acc in accepted:
             self.stats.verify_rows += 1
             self.stats.accepted_total += len(acc)
             for j in range(len(acc) - 1):
                 self.stats.accepted_by_position[j] += 1
+        if rec_e is not None:
+            rec_e.requests = request_states(reqs, s, [x + T for x in s], [T] * bs)
+            self.recorder.end_step(rec_e)
 
         # Commit: rejected draft slots past the new length go back to the allocator.
         for r, n in zip(reqs, s_after, strict=True):

@@ -73,7 +73,8 @@ def _quiet(cmd: list[str], cwd: Path | None = None, timeout: float = 5.0) -> str
     return out.stdout if out.returncode == 0 else None
 
 
-def _git_commit(cwd: Path = _SOURCE_DIR) -> str | None:
+def git_commit(cwd: Path = _SOURCE_DIR) -> str | None:
+    """The commit of the specscope tree at `cwd` (git, or the file a `git archive` copy carries), or None."""
     out = _quiet(["git", "rev-parse", "HEAD"], cwd)
     return (out or "").strip() or archive_commit()
 
@@ -170,7 +171,7 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
         info = RunInfo(command=command, config=cfg.to_dict(), target_model=str(cfg.model),
                        draft_model=str(cfg.draft) if cfg.spec_steps else None, device=device_name,
                        device_capability=cap, attention_kernel=kernels.name, versions=_versions(dev),
-                       git_commit=_git_commit(), start_ns=time.time_ns(), hostname=socket.gethostname())
+                       git_commit=git_commit(), start_ns=time.time_ns(), hostname=socket.gethostname())
         writer = ProcessTraceWriter(trace_path, info, overwrite=overwrite, check=check)
         recorder = Recorder(writer, dev)
     if control is not None:

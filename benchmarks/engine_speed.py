@@ -27,7 +27,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -355,16 +354,10 @@ def versions(torch: Any) -> dict[str, Any]:
         v["flashinfer"] = flashinfer.__version__
     except ImportError:
         v["flashinfer"] = None
-    try:
-        v["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                                         text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        v["git_commit"] = None
-    if not v["git_commit"]:  # a `git archive` copy (how GPU hosts get the tree) names its commit in a file
-        from specscope.backend.session import archive_commit
+    from specscope.backend.session import git_commit
 
-        commit = archive_commit()
-        v["git_commit"] = commit[:7] if commit else None
+    commit = git_commit()  # also on a `git archive` copy, how GPU hosts get the tree
+    v["git_commit"] = commit[:7] if commit else None
     return v
 
 

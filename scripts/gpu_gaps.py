@@ -57,10 +57,10 @@ def _instrument() -> None:
         return stack
 
     engine_mod.Engine._span = timed_span
-    targets = [(engine_mod.Engine, "E.", ("_upload", "_batch", "_read", "_sample", "_keep_first_drafts", "_finish",
-                                          "_trace_bookkeeping")),
+    targets = [(engine_mod.Engine, "E.", ("_upload", "_batch", "_read", "_sample", "_keep_first_drafts",
+                                          "_finish")),
                (model_runner.ModelRunner, "MR.", ("prepare", "execute", "begin_for")),
-               (recorder_mod.Recorder, "R.", ("end_step", "poll", "run_later", "snapshot_ring", "snapshot_pack",
+               (recorder_mod.Recorder, "R.", ("end_step", "poll", "snapshot_ring", "snapshot_pack",
                                               "snapshot_host", "begin_step")),
                (request.Request, "Req.", ("commit",)), (memory.RequestKV, "KV.", ("ensure", "shrink"))]
     for cls, prefix, names in targets:

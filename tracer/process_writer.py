@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -307,27 +308,24 @@ def _unwire(a: Any) -> Any:
     return a
 
 
+def _map_arrays(raw: dict[str, Any], f: Callable[[Any], Any]) -> dict[str, Any]:
+    """`raw` (a copy) with `f` applied to the values of its packs and arrays."""
+    out = dict(raw)
+    if raw.get("packs"):
+        out["packs"] = [(f(flat), lay, crop) for flat, lay, crop in raw["packs"]]
+    if raw.get("arrays"):
+        out["arrays"] = [(n, dt, sh, ptr, f(v)) for n, dt, sh, ptr, v in raw["arrays"]]
+    return out
+
+
 def wire_steps(raws: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Steps in the recorder's compact form with their arrays as (dtype, shape, bytes) tuples (cheap to pickle)."""
-    out = []
-    for raw in raws:
-        w = dict(raw)
-        if raw.get("packs"):
-            w["packs"] = [(_wire(flat), lay, crop) for flat, lay, crop in raw["packs"]]
-        if raw.get("arrays"):
-            w["arrays"] = [(n, dt, sh, ptr, _wire(v)) for n, dt, sh, ptr, v in raw["arrays"]]
-        out.append(w)
-    return out
+    return [_map_arrays(raw, _wire) for raw in raws]
 
 
 def _unwire_steps(raws: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Inverse of `wire_steps` (arrays come back read-only, as a step frame's do)."""
-    for raw in raws:
-        if raw.get("packs"):
-            raw["packs"] = [(_unwire(flat), lay, crop) for flat, lay, crop in raw["packs"]]
-        if raw.get("arrays"):
-            raw["arrays"] = [(n, dt, sh, ptr, _unwire(v)) for n, dt, sh, ptr, v in raw["arrays"]]
-    return raws
+    return [_map_arrays(raw, _unwire) for raw in raws]
 
 
 def encode_frame(kind: str, payload: Any) -> bytes:

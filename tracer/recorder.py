@@ -167,12 +167,6 @@ class NullRecorder:
     def write_request(self, rec: RequestRecord) -> None:
         """No-op."""
 
-    def later(self, fn: Callable[[], None]) -> None:
-        """No-op (nothing is recorded, so there is no bookkeeping to run)."""
-
-    def run_later(self) -> None:
-        """No-op."""
-
     def poll(self) -> None:
         """No-op."""
 
@@ -209,7 +203,6 @@ class Recorder:
         self._failed: BaseException | None = None  # a sticky CUDA error: no device call may run any more
         self.ring: SnapshotRing | None = None  # opened by the engine before it captures graphs
         self._outbox: list[dict[str, Any]] = []  # resolved steps, sent to the writer in batches
-        self._later: list[Callable[[], None]] = []  # bookkeeping deferred to the host's next wait on the GPU
         # One shared tuple per distinct layout: a batch pickles a graph's layout once, not once per replay.
         self._layouts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._np_names: dict[Any, str] = {}
@@ -381,19 +374,6 @@ class Recorder:
                     p.host, p.seq = torch.from_numpy(ring.row(p.seq, p.length)), None
         ring.drain()
 
-    def later(self, fn: Callable[[], None]) -> None:
-        """Run `fn` (trace bookkeeping nothing on the device waits for: closing steps the host has just read back)
-        at `run_later`, which the engine calls just before it next waits on the GPU; so the bookkeeping runs while
-        the GPU works on the next launches instead of between a read-back and them."""
-        self._later.append(fn)
-
-    def run_later(self) -> None:
-        """Run the deferred bookkeeping, in the order it was deferred."""
-        while self._later:
-            fns, self._later = self._later, []
-            for fn in fns:
-                fn()
-
     def poll(self, force_send: bool = False, limit: int | None = RESOLVE_PER_POLL) -> None:
         """Write pending steps whose device work has completed (in order; never blocks), at most `limit` of them
         (None: all), so a backlog is worked off a little at a time. Resolved steps go to the writer in batches
@@ -436,7 +416,6 @@ class Recorder:
 
     def flush_pending(self) -> None:
         """Drain the ring, wait for the device and write every finished step now (a pause of the live viewer)."""
-        self.run_later()
         if self._failed is None:
             self._drain_ring(force=True)
             if self.is_cuda:
@@ -475,7 +454,6 @@ class Recorder:
         failing = sys.exc_info()[1]
         if failing is not None and is_sticky_cuda_error(failing):
             self._failed = failing
-        self.run_later()  # host-side only: closes the steps read back last, with their request rows
         if self.is_cuda and self._failed is None:
             try:
                 self._drain_ring(force=True)

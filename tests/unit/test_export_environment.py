@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from specscope.backend.session import _git_commit, _versions, git_dirty, nvidia_driver
+from specscope.backend.session import _versions, git_commit, git_dirty, nvidia_driver
 from specscope.tracer.export.bundle import environment
 from specscope.tracer.store import TraceReader
 from test_export_common import FAULT, recorded
@@ -32,7 +32,7 @@ def test_git_dirty_in_a_temporary_repository(tmp_path: Path) -> None:
     (repo / "a.py").write_text("x = 1\n")
     git(repo, "add", "a.py")
     git(repo, "commit", "-q", "-m", "one")
-    assert git_dirty(repo) == "false" and _git_commit(repo) is not None
+    assert git_dirty(repo) == "false" and git_commit(repo) is not None
     (repo / "a.py").write_text("x = 2\n")  # a modified tracked file
     assert git_dirty(repo) == "true"
     git(repo, "commit", "-q", "-am", "two")
@@ -41,13 +41,13 @@ def test_git_dirty_in_a_temporary_repository(tmp_path: Path) -> None:
     assert git_dirty(repo) == "true"
     plain = tmp_path / "plain"
     plain.mkdir()
-    assert git_dirty(plain) is None and _git_commit(plain) is None  # not a repository: unknown, not "clean"
+    assert git_dirty(plain) is None and git_commit(plain) is None  # not a repository: unknown, not "clean"
 
 
 def test_no_git_and_no_nvidia_smi_mean_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # neither git nor nvidia-smi can be found
-    assert git_dirty() is None and _git_commit() is None and nvidia_driver() is None
+    assert git_dirty() is None and git_commit() is None and nvidia_driver() is None
     v = _versions(torch.device("cpu"))
     assert "git_dirty" not in v and "nvidia_driver" not in v and v["torch"] == torch.__version__
     assert capsys.readouterr().err == ""  # quietly: no traceback, no git noise
@@ -96,6 +96,6 @@ def test_a_git_archive_copy_names_its_commit(tmp_path: Path, monkeypatch: pytest
     tar = subprocess.run(["git", "archive", "HEAD"], cwd=repo, capture_output=True, check=True).stdout
     subprocess.run(["tar", "x", "-C", str(out)], input=tar, check=True)
     monkeypatch.setattr(session, "_SOURCE_DIR", out / "backend")
-    assert session.archive_commit() == head and session._git_commit(out / "backend") == head
+    assert session.archive_commit() == head and session.git_commit(out / "backend") == head
     monkeypatch.setattr(session, "_SOURCE_DIR", repo / "backend")  # a checkout: the file is unfilled, git answers
-    assert session.archive_commit() is None and _git_commit(repo / "backend") == head
+    assert session.archive_commit() is None and git_commit(repo / "backend") == head

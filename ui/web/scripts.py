@@ -27,7 +27,7 @@ import os
 import re
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -67,6 +67,7 @@ class Bundle:
     url: str
     partial: bool
     hint: bool = USE_HINT
+    data: bytes | None = field(default=None, repr=False, compare=False)  # the file, when already read
 
 
 def full_bundle(version: str | None = None, hint: bool = USE_HINT) -> Bundle:
@@ -79,9 +80,13 @@ def bundle_version(path: str) -> str | None:
     """The plotly.js version a bundle's header names (None when unreadable or not plotly.js)."""
     try:
         with open(path, "rb") as f:
-            m = _VERSION_RE.match(f.read(200))
+            return _header_version(f.read(200))
     except OSError:
         return None
+
+
+def _header_version(head: bytes) -> str | None:
+    m = _VERSION_RE.match(head)
     return m.group(1).decode() if m else None
 
 
@@ -91,13 +96,17 @@ def choose_bundle(version: str | None = None, static: str = STATIC, hint: bool =
     version = version or plotly_version()
     name = partial_name(version)
     path = os.path.join(static, name)
-    found = bundle_version(path)
+    try:
+        with open(path, "rb") as f:
+            data: bytes | None = f.read()  # read once: its header, its hash and what is served
+    except OSError:
+        data = None
+    found = _header_version(data[:200]) if data is not None else None
     if found == version:
         # The content's hash in the URL: a rebuilt bundle of the same version and traces is a new URL, so a browser
         # never keeps an older build for the year it may cache the script.
-        with open(path, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()[:12]
-        return Bundle(path, f"/_specscope/{name.removesuffix('.min.js')}-{digest}.min.js", True, hint)
+        digest = hashlib.sha256(data).hexdigest()[:12]  # type: ignore[arg-type]
+        return Bundle(path, f"/_specscope/{name.removesuffix('.min.js')}-{digest}.min.js", True, hint, data)
     if found is not None:
         why = f"{name} says it is plotly.js {found}"
     else:
@@ -129,8 +138,10 @@ class PlotlyScript:
         """The script as served (hinted or not)."""
         with self._lock:
             if self._plain is None:
-                with open(self.bundle.path, "rb") as f:
-                    data = f.read()
+                data = self.bundle.data
+                if data is None:
+                    with open(self.bundle.path, "rb") as f:
+                        data = f.read()
                 self._plain = HINT + data if self.bundle.hint else data
             return self._plain
 
