@@ -90,6 +90,9 @@ class Engine:
                                      num_q_heads=dc.num_attention_heads, num_draft_steps=self.num_draft_steps,
                                      **common)
         self.streams = Streams(self.device, cfg.plan_stream)
+        for runner in (self.target, self.draft):
+            if runner is not None:
+                runner.compute_stream = self.streams.compute
         self.nvtx = self.device.type == "cuda"
         dev, slots = self.device, cfg.batch_size + 1
         # Persistent device inputs the producers write and the plan stream reads.
@@ -209,8 +212,7 @@ class Engine:
         compute = self.streams.compute
         with self._span(rec, "compute", "metadata", compute):
             prep = runner.prepare(fb, graph, rec)
-        with self._span(rec, "compute", "forward", compute):
-            logits = runner.execute(prep, rec, logits_indices)
+        logits = runner.execute(prep, rec, logits_indices)  # its span "forward" is timed inside
         if rec is not None:
             rec.requests = states()
             self.recorder.end_step(rec)
@@ -400,7 +402,7 @@ class Engine:
                     recorder.fired(rec_v, ["missing-fixup-hook"])
         draft_mat = torch.stack(drafts, 1)  # int64 [bs, N]
         verify_ids.copy_(torch.cat([self.root_tok[rpi][:, None], draft_mat], 1).view(-1))
-        with nvtx("verify", self.nvtx), self._span(rec_v, "compute", "forward", streams.compute):
+        with nvtx("verify", self.nvtx):
             logits_v = self.target.execute(pv, rec_v)
         # Draft-extend metadata needs only S + T, so it is planned under the verify forward.
         plan("extend")
@@ -421,7 +423,7 @@ class Engine:
         ext_ids.copy_(committed.reshape(-1))
         if streams.compute_wait_plan():
             recorder.wait(rec_e, "compute", "plan", "metadata")
-        with nvtx("draft extend", self.nvtx), self._span(rec_e, "compute", "forward", streams.compute):
+        with nvtx("draft extend", self.nvtx):
             logits_e = self.draft.execute(pe, rec_e, rows_b * T + accept_len - 1)
         self._keep_first_drafts(rpi, logits_e)
 

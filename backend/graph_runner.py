@@ -43,7 +43,7 @@ class GraphRunner:
         backend: TRTLLMHABackend, template: ForwardBatch, max_bs: int, tokens_per_req: int,
         device: torch.device, pad_seq_len_from_live: bool = False,
         pack: Callable[[ForwardBatch], torch.Tensor] | None = None, ladder: list[int] | None = None,
-        ring: Any = None,
+        ring: Any = None, stamps: Any = None,
     ) -> None:
         self.name = name
         self.mode = mode
@@ -57,6 +57,9 @@ class GraphRunner:
         self.pad_seq_len_from_live = pad_seq_len_from_live  # fault `padded-row-seqlen`
         self.pack = pack  # the recorder's snapshot, computed inside the graph when tracing
         self.ring = ring if pack is not None else None  # tracer.recorder.SnapshotRing the graph writes it into
+        # tracer.stamps.StampRing of the compute stream: when tracing, each replay stamps its first and last node
+        # itself (the recorder numbers the two stamps, `Recorder.graph_span`).
+        self.stamps = stamps if pack is not None else None
         n = max_bs * tokens_per_req
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
@@ -119,10 +122,15 @@ class GraphRunner:
         if self.mempool is None:
             self.mempool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.mempool):
+            capturing = torch.cuda.current_stream(self.device).cuda_stream
+            if self.stamps is not None:
+                self.stamps.launch(capturing)  # the replay's start: its first node
             logits = self.forward(fb.input_ids, fb.positions, fb)
             packed = self.pack(fb) if self.pack is not None else None
             if self.ring is not None and packed is not None:
                 self.ring.write(packed)  # the replay's snapshot goes to the ring row the device index names
+            if self.stamps is not None:
+                self.stamps.launch(capturing)  # and its end: the last node
         self.captured[bs] = _Captured(graph, logits, packed)
         return fb
 
@@ -165,10 +173,20 @@ class GraphRunner:
             cap.graph.replay()  # its snapshot, when tracing, is in cap.packed and (with a ring) in a ring row
             logits, packed = cap.logits[:raw_num_tokens], cap.packed
         else:
-            logits = self.forward(fb.input_ids, fb.positions, fb)[:raw_num_tokens]
-            packed = self.pack(fb) if self.pack is not None else None
-            if self.ring is not None and packed is not None:
-                self.ring.write(packed)  # the emulated graph writes the ring as the captured one does
+            if self.stamps is not None:
+                self.stamps.launch()  # the emulated graph stamps where the captured one does
+            try:
+                logits = self.forward(fb.input_ids, fb.positions, fb)[:raw_num_tokens]
+                packed = self.pack(fb) if self.pack is not None else None
+                if self.ring is not None and packed is not None:
+                    self.ring.write(packed)  # the emulated graph writes the ring as the captured one does
+            except Exception:
+                if self.stamps is not None:  # a kernel refused its arguments: keep the ring's numbering in step
+                    self.stamps.launch()
+                    self.stamps.claim(2)
+                raise
+            if self.stamps is not None:
+                self.stamps.launch()
         if self.ring is not None and packed is not None:
             return logits, None, packed.numel()
         return logits, packed, 0

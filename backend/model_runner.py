@@ -69,6 +69,9 @@ class ModelRunner:
                 be.enable_probe(max_bs * tokens_per_req, num_q_heads, head_dim, dtype)
         self._strided = torch.arange(0, max_context_len + page_size, page_size, device=device)
         self.max_context_len = max_context_len
+        self.compute_stream: Any = None  # the engine's compute stream (its forwards' spans are stamped on it)
+        self._layouts: dict[tuple[Any, ...], Any] = {}  # snapshot layouts by the (address, shape) of each tensor
+        self._crops: dict[int, dict[str, int]] = {}
 
     def backend_for(self, mode: ForwardMode, step_id: int | None) -> TRTLLMHABackend:
         """The backend that serves a forward mode (draft decode step i has its own)."""
@@ -86,7 +89,7 @@ class ModelRunner:
                 template=_with(template, mode, step_id, backend), max_bs=max_bs, tokens_per_req=tpr,
                 device=self.device, pad_seq_len_from_live="padded-row-seqlen" in self.faults,
                 pack=(lambda fb, be=backend: self.pack_snapshot(be, fb)) if self.recorder.enabled else None,
-                ladder=ladder, ring=getattr(self.recorder, "ring", None))
+                ladder=ladder, ring=getattr(self.recorder, "ring", None), stamps=self.recorder.compute_stamps)
             self.runners[(mode, step_id)] = runner
             # Largest batch first, as SGLang captures: smaller graphs reuse the memory pool the largest allocated.
             for bs in reversed(runner.ladder):
@@ -156,15 +159,22 @@ class ModelRunner:
         would not fit)."""
         if rec is not None:
             self.recorder.assign_index(rec)  # numbered at launch, so --record-attention N can sample by index
+        span = self.recorder.span
         if prep.runner is not None:
             prep.runner.copy_draft_dependent_inputs(prep.live, prep.fb.batch_size)
+            stamps = prep.runner.stamps if rec is not None else None
             with self._record_failure(rec, prep.backend, prep.fb):
-                logits, packed, ring_len = prep.runner.replay(prep.fb, prep.live.num_tokens)
+                if stamps is not None:  # the graph stamps its own span ("forward": first node to last)
+                    logits, packed, ring_len = prep.runner.replay(prep.fb, prep.live.num_tokens)
+                    self.recorder.graph_span(rec, "compute", "forward", stamps)
+                else:
+                    with span(rec, "compute", "forward", self.compute_stream):
+                        logits, packed, ring_len = prep.runner.replay(prep.fb, prep.live.num_tokens)
             if rec is not None:
                 self.record_snapshot(rec, prep.backend, prep.fb, packed, ring_len)
                 self.record_attention(rec, prep, replayed=self.device.type == "cuda")
             return logits if logits_indices is None else logits[logits_indices]
-        with self._record_failure(rec, prep.backend, prep.fb):
+        with self._record_failure(rec, prep.backend, prep.fb), span(rec, "compute", "forward", self.compute_stream):
             logits = self.model.forward(prep.fb.input_ids, prep.fb.positions, prep.fb,
                                         logits_indices=logits_indices)
         if rec is not None:
@@ -243,11 +253,21 @@ class ModelRunner:
         if packed is None and not ring_len:
             packed = self.pack_snapshot(backend, fb)
         width = -(-md.max_seq_len_k // p)
-        # Same order as pack_snapshot; the layout comes from shapes and addresses alone.
-        layout = [(name, t.dtype, tuple(t.shape), t.data_ptr()) for name, t in self._metadata_tensors(backend, fb)]
-        layout.append(("req_to_token_page_starts", self.r2t.req_to_token.dtype,
-                       (fb.req_pool_indices.shape[0], md.page_table.shape[1]), 0))
-        crop = {"page_table": width, "req_to_token_page_starts": width}
+        # Same order as pack_snapshot; the layout comes from shapes and addresses alone, read on every step (a
+        # replay's addresses are what I15 checks), and is built once per distinct (address, shape) set.
+        tensors = self._metadata_tensors(backend, fb)
+        key = tuple((t.data_ptr(), t.shape) for _, t in tensors)
+        layout = self._layouts.get(key)
+        if layout is None:
+            full = [(name, t.dtype, tuple(t.shape), t.data_ptr()) for name, t in tensors]
+            full.append(("req_to_token_page_starts", self.r2t.req_to_token.dtype,
+                         (fb.req_pool_indices.shape[0], md.page_table.shape[1]), 0))
+            if len(self._layouts) >= 4096:
+                self._layouts.clear()
+            layout = self._layouts[key] = self.recorder.intern_layout(full)
+        crop = self._crops.get(width)
+        if crop is None:
+            crop = self._crops[width] = {"page_table": width, "req_to_token_page_starts": width}
         if ring_len:
             self.recorder.snapshot_ring(rec, ring_len, layout, crop)
         else:

@@ -32,11 +32,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ENCODE_REPEATS = 20
 CALLS = {"tracer.recorder.Recorder": ("begin_step", "snapshot_ring", "snapshot_pack", "snapshot_host", "end_step",
-                                      "_resolve", "assign_index", "fired", "wait"),
+                                      "_resolve", "assign_index", "fired", "wait", "graph_span", "poll", "_send"),
+         "tracer.stamps.StampRing": ("stamp",),
          "backend.model_runner.ModelRunner": ("record_snapshot",)}
 
 
-def measure(bs: int, new_tokens: int) -> dict[str, Any]:
+def measure(bs: int, new_tokens: int, device: str = "cpu") -> dict[str, Any]:
     """One traced CPU run at batch size `bs`; per-call host µs on graph replays, pickle µs and bytes per step."""
     import importlib
 
@@ -56,7 +57,7 @@ def measure(bs: int, new_tokens: int) -> dict[str, Any]:
                 return f(*a, **k)
             finally:
                 depth[0] -= 1
-                if depth[0] == 0 or name in ("_resolve", "record_snapshot"):
+                if depth[0] == 0 or name in ("_resolve", "record_snapshot", "stamp", "_send"):
                     times.setdefault(name, []).append(time.perf_counter_ns() - t)
         return g
 
@@ -76,7 +77,7 @@ def measure(bs: int, new_tokens: int) -> dict[str, Any]:
 
     process_writer.ProcessTraceWriter.write_raw_steps = keep  # type: ignore[method-assign]
     try:
-        cfg = EngineConfig(model="tiny", draft="tiny-draft", device="cpu", batch_size=bs, num_requests=bs,
+        cfg = EngineConfig(model="tiny", draft="tiny-draft", device=device, batch_size=bs, num_requests=bs,
                            max_new_tokens=new_tokens, spec_steps=3, prompt_len=(32, 48), arrival_gap=(0, 0),
                            ignore_eos=True, plan_stream=True, cuda_graph=True)
         with tempfile.TemporaryDirectory() as tmp:
@@ -97,7 +98,7 @@ def measure(bs: int, new_tokens: int) -> dict[str, Any]:
             plain_us.append((time.perf_counter_ns() - t) / 1e3 / len(b))
         sizes.append(len(data) / len(b))
     calls = {n: {"calls": len(v), "median_us": round(statistics.median(v) / 1e3, 2)} for n, v in sorted(times.items())}
-    return dict(batch_size=bs, calls=calls, replay_batches=len(replays),
+    return dict(batch_size=bs, device=device, calls=calls, replay_batches=len(replays),
                 pickle_us_per_step=round(statistics.median(pickle_us), 2) if pickle_us else None,
                 plain_pickle_us_per_step=round(statistics.median(plain_us), 2) if plain_us else None,
                 pipe_bytes_per_step=round(statistics.median(sizes)) if sizes else None)
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch-sizes", default="1,16")
     ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU host (the host cost a GPU run pays)")
     ap.add_argument("--out", default=str(HERE / "results" / "recorder_host.json"))
     args = ap.parse_args(argv)
     try:
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     for bs in sizes:
-        row = measure(bs, args.new_tokens)
+        row = measure(bs, args.new_tokens, args.device)
         rows.append(row)
         per = ", ".join(f"{n} {c['median_us']}" for n, c in row["calls"].items())
         print(f"bs {bs:3d}: encode {row['pickle_us_per_step']} µs/step (arrays pickled as arrays: "

@@ -34,6 +34,7 @@ from specscope.backend import engine as engine_mod  # noqa: E402
 from specscope.backend import memory, model_runner, request  # noqa: E402
 from specscope.backend.engine_config import EngineConfig  # noqa: E402
 from specscope.tracer import recorder as recorder_mod  # noqa: E402
+from specscope.tracer import stamps as stamps_mod  # noqa: E402
 
 GAP_US = 3.0
 record = torch.profiler.record_function
@@ -59,9 +60,10 @@ def _instrument() -> None:
     engine_mod.Engine._span = timed_span
     targets = [(engine_mod.Engine, "E.", ("_upload", "_batch", "_read", "_sample", "_keep_first_drafts",
                                           "_finish")),
-               (model_runner.ModelRunner, "MR.", ("prepare", "execute", "begin_for")),
+               (model_runner.ModelRunner, "MR.", ("prepare", "execute", "begin_for", "record_snapshot")),
                (recorder_mod.Recorder, "R.", ("end_step", "poll", "snapshot_ring", "snapshot_pack",
-                                              "snapshot_host", "begin_step")),
+                                              "snapshot_host", "begin_step", "graph_span", "_resolve", "_send")),
+               (stamps_mod.StampRing, "S.", ("stamp", "drain")),
                (request.Request, "Req.", ("commit",)), (memory.RequestKV, "KV.", ("ensure", "shrink"))]
     for cls, prefix, names in targets:
         for name in names:

@@ -2,8 +2,10 @@
 consumed into schema records and hands them to the trace writer.
 
 Hot-path rule: on a GPU nothing here synchronizes. Metadata snapshots are copied device->host with
-`non_blocking` copies into pinned staging buffers and timed with CUDA events; a step is turned into a
-record only once its last event has completed (`poll`), and the SQLite work happens in the writer's process.
+`non_blocking` copies into pinned staging buffers (or, for graph replays, written into a device ring inside the
+graph); spans are timed by stamps the GPU writes itself (`tracer.stamps`: captured in the graphs, one driver call
+when eager), all on one device clock; a step is turned into a record only once its stamps and copies have landed
+(`poll`), and the SQLite work happens in the writer's process.
 With tracing off the engine uses `NullRecorder`, whose methods do nothing.
 
 What the engine records are facts, never verdicts: spans (stream, documented name, start/end ns), the wait
@@ -26,6 +28,7 @@ import torch
 
 from .process_writer import ProcessTraceWriter
 from .schema import CallError, ForwardMode, GraphPhase, RequestRecord, StreamWait
+from .stamps import StampClock, StampRing, row_ranges
 
 _NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8",
               torch.bool: "bool", torch.float32: "float32"}
@@ -36,6 +39,7 @@ _DEAD_CONTEXT_OBJECTS: list[Any] = []
 RING_BYTES = 64 << 20  # device (and pinned host) memory of the snapshot ring
 DRAIN_EVERY = 8  # replays per snapshot-ring drain: few enough that a drain never frees a burst of steps at once
 RESOLVE_PER_POLL = 32  # steps resolved per hot-path poll (an iteration makes 3-7)
+DRAIN_STAMPS = 16  # undrained stamps of a stream before a poll drains them for the step waiting on them
 
 
 def keep_until_exit(*objs: Any) -> None:
@@ -63,7 +67,7 @@ class _PendingPack:
 class _PendingSpan:
     stream: str
     name: str
-    start: Any  # int ns (host) or torch.cuda.Event
+    start: Any  # int ns on the host clock, or (StampRing, stamp number) until the stamp's value is read
     end: Any
 
 
@@ -93,42 +97,14 @@ class StepRecord:
     waits: list[StreamWait] = field(default_factory=list)
     errors: list[CallError] = field(default_factory=list)
     faults_fired: list[str] = field(default_factory=list)
-    done_event: Any = None  # CUDA event after the last async copy of this step
-
-
-class EventClock:
-    """CUDA event times as integer nanoseconds on the host clock (`time.perf_counter_ns`), exact over long runs.
-
-    `elapsed_time` is a float32 number of milliseconds: measured from one epoch it has a resolution of 60 ns
-    after 1 s and 200 us after an hour. So times are measured from an anchor that moves forward: the anchor is
-    a completed event whose ns time is known, and after each resolved step the step's last event becomes the
-    next anchor. Hops are a step apart (well under 16 ms while the GPU is busy), where a float32 millisecond
-    count still holds every nanosecond, so rounding recovers the integer and no error accumulates with run
-    length; only a hop across a long idle gap rounds (by at most half a float32 step: 61 ns after 2 s idle).
-    Drift between the GPU timer and the host clock after the one synchronized epoch is not corrected.
-    """
-
-    def __init__(self, anchor: Any, anchor_ns: int,
-                 elapsed_ms: Callable[[Any, Any], float] = lambda a, b: a.elapsed_time(b)) -> None:
-        self.anchor = anchor
-        self.anchor_ns = int(anchor_ns)
-        self._elapsed_ms = elapsed_ms
-
-    def ns(self, event: Any) -> int:
-        """The host-clock time of a completed event."""
-        return self.anchor_ns + round(self._elapsed_ms(self.anchor, event) * 1e6)
-
-    def advance(self, event: Any) -> Any:
-        """Make a completed `event` the anchor; returns the previous anchor (free to reuse)."""
-        t = self.ns(event)
-        old, self.anchor, self.anchor_ns = self.anchor, event, t
-        return old
+    done_event: Any = None  # CUDA event after the last async copy of this step (host-copied snapshots only)
 
 
 class NullRecorder:
     """Tracing off: every hook is a no-op, so the engine runs the plain backend."""
 
     enabled = False
+    compute_stamps = None
 
     def begin_step(self, **kw: Any) -> None:
         """No-op."""
@@ -147,6 +123,10 @@ class NullRecorder:
     def snapshot_float(self, rec: Any, name: str, t: torch.Tensor) -> None:
         """No-op."""
 
+    def intern_layout(self, layout: Any) -> Any:
+        """No-op."""
+        return layout
+
     def snapshot_host(self, rec: Any, name: str, t: torch.Tensor) -> None:
         """No-op."""
 
@@ -154,6 +134,9 @@ class NullRecorder:
     def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> Iterator[None]:
         """No-op."""
         yield
+
+    def graph_span(self, rec: Any, stream: str, name: str, ring: Any) -> None:
+        """No-op."""
 
     def wait(self, rec: Any, stream: str, on_stream: str, on_span: str) -> None:
         """No-op."""
@@ -199,7 +182,6 @@ class Recorder:
         self._open: list[StepRecord] = []  # begun, not ended (their order decides which step a crash marks)
         self._ring = PinnedRing(ring_int64) if self.is_cuda else None
         self._free_events: list[Any] = []
-        self._clock: EventClock | None = None
         self._failed: BaseException | None = None  # a sticky CUDA error: no device call may run any more
         self.ring: SnapshotRing | None = None  # opened by the engine before it captures graphs
         self._outbox: list[dict[str, Any]] = []  # resolved steps, sent to the writer in batches
@@ -210,13 +192,10 @@ class Recorder:
         if self.is_cuda and hasattr(writer, "send_in_background"):
             # Tiny models make steps faster than the writer child stores them: the engine must not wait on the pipe.
             writer.send_in_background()
-        if self.is_cuda:
-            # One synchronized epoch event puts every stream's event times on the host clock's axis.
-            torch.cuda.synchronize(device)
-            epoch = torch.cuda.Event(enable_timing=True)
-            epoch.record(torch.cuda.current_stream(device))
-            torch.cuda.synchronize(device)
-            self._clock = EventClock(epoch, time.perf_counter_ns())
+        # One stamp ring per stream; the compute stream's is the one captured graphs stamp (`compute_stamps`).
+        self._stamps: dict[Any, StampRing] = {}
+        self.compute_stamps = self.stamp_ring("compute", torch.cuda.current_stream(device) if self.is_cuda else None)
+        self.clock = StampClock(self.compute_stamps)  # device stamps -> host ns, measured once
 
     def open_ring(self, width: int, budget_bytes: int | None = None) -> SnapshotRing:
         """The device rows captured graphs write their snapshots into (`width` int64 per row, the largest pack a
@@ -264,8 +243,15 @@ class Recorder:
         rec.packs.append(_PendingPack(None, layout, crop_cols, None, self.ring.claim(), length))  # type: ignore[union-attr]
         self._drain_ring(force=False)
 
-    def _layout(self, layout: list[tuple[str, Any, tuple[int, ...], int]]) -> tuple[Any, ...]:
+    def intern_layout(self, layout: list[tuple[str, Any, tuple[int, ...], int]]) -> tuple[Any, ...]:
+        """`layout` (name, torch dtype, shape, data_ptr per tensor) with numpy dtype names, as the one shared tuple
+        of its value: a caller that keeps it hands the same object with every step (see `snapshot_pack`)."""
+        return self._layout(layout)
+
+    def _layout(self, layout: Any) -> tuple[Any, ...]:
         """`layout` with numpy dtype names, as the one shared tuple of its value."""
+        if type(layout) is tuple:
+            return layout  # interned already
         key = tuple((n, _NP_DTYPES.get(d, d), sh, ptr) for n, d, sh, ptr in layout)
         kept = self._layouts.get(key)
         if kept is None:
@@ -287,33 +273,53 @@ class Recorder:
 
     def snapshot_host(self, rec: StepRecord, name: str, t: torch.Tensor) -> None:
         """Record a host tensor (e.g. the `seq_lens_cpu` mirror) as it is now: a host copy, no device work."""
-        rec.host_arrays.append((name, t.detach().numpy().copy(), int(t.data_ptr())))
+        rec.host_arrays.append((name, t.numpy().copy(), t.data_ptr()))
+
+    def stamp_ring(self, stream: str, cuda_stream: Any = None) -> StampRing:
+        """The stamp ring of a CUDA stream (on the CPU: of the stream name), made on first use."""
+        key = cuda_stream.cuda_stream if cuda_stream is not None else stream
+        ring = self._stamps.get(key)
+        if ring is None:
+            ring = self._stamps[key] = StampRing(self.device, cuda_stream)
+            ring.on_lap = lambda below, r=ring: self._read_out_stamps(r, below)
+        return ring
 
     @contextlib.contextmanager
     def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> Iterator[None]:
-        """Time a region for one step or a list of steps: with CUDA events on `cuda_stream` on a GPU, else with
-        the host clock. Span names are documented in docs/trace-format.md ("producers", "metadata", "forward")."""
+        """Time a region for one step or a list of steps: with device stamps on `cuda_stream` on a GPU (stamps on
+        the CPU are host times), with the host clock for a host region (`cuda_stream` None on a GPU). Span names are
+        documented in docs/trace-format.md ("producers", "metadata", "forward")."""
         recs = _recs(rec)
-        if self.is_cuda and cuda_stream is not None:
-            starts = [self._event() for _ in recs]
-            for e in starts:
-                e.record(cuda_stream)
-            try:
-                yield
-            except BaseException as exc:
-                if is_sticky_cuda_error(exc):
-                    keep_until_exit(starts)  # destroying them now would warn on the dead context
-                raise
-            for r, start in zip(recs, starts, strict=True):
-                end = self._event()
-                end.record(cuda_stream)
-                r.spans.append(_PendingSpan(stream, name, start, end))
-        else:
+        if self.is_cuda and cuda_stream is None:
             t0 = time.perf_counter_ns()
             yield
             t1 = time.perf_counter_ns()
             for r in recs:
                 r.spans.append(_PendingSpan(stream, name, t0, t1))
+            return
+        ring = self.stamp_ring(stream, cuda_stream)
+        a = ring.stamp()
+        yield  # a body that raises leaves no span (after a sticky CUDA error nothing may be launched any more)
+        b = ring.stamp()
+        for r in recs:
+            r.spans.append(_PendingSpan(stream, name, (ring, a), (ring, b)))
+
+    def graph_span(self, rec: StepRecord, stream: str, name: str, ring: StampRing) -> None:
+        """A span a graph replay just launched stamped itself (its first and last node, on `ring`'s stream): the
+        host only numbers the two stamps."""
+        a = ring.claim(2)
+        rec.spans.append(_PendingSpan(stream, name, (ring, a), (ring, a + 1)))
+
+    def _read_out_stamps(self, ring: StampRing, below: int) -> None:
+        """A drain is about to overwrite the host slots of `ring`'s stamps numbered below `below`: a step still
+        holding one (held back behind an unfinished earlier step) takes its value out first."""
+        for rec in (*self._pending, *self._open):
+            for sp in rec.spans:
+                for attr in ("start", "end"):
+                    t = getattr(sp, attr)
+                    if type(t) is tuple and t[0] is ring and t[1] < below:
+                        ring.wait(t[1])
+                        setattr(sp, attr, self.clock.ns(ring.value(t[1])))
 
     def wait(self, rec: Any, stream: str, on_stream: str, on_span: str) -> None:
         """Record a wait edge the engine has just enqueued: `stream` waits for span `on_span` of `on_stream`."""
@@ -340,8 +346,8 @@ class Recorder:
         self.assign_index(rec)
         if rec in self._open:
             self._open.remove(rec)
-        if self.is_cuda and self._failed is None and not self._ring_timed(rec):
-            ev = self._event()
+        if self.is_cuda and self._failed is None and (rec.floats or any(p.slot is not None for p in rec.packs)):
+            ev = self._event()  # the host copies of this step's values land with it
             ev.record(torch.cuda.current_stream(self.device))
             rec.done_event = ev
         # Keep the queue in index order (a step numbered at launch may end after a later-numbered one).
@@ -351,12 +357,6 @@ class Recorder:
         self._pending.insert(i, rec)
         # No poll here: resolving costs host time while launches are still being issued; the engine polls just
         # before it waits on the GPU (and a live viewer's pause flushes).
-
-    def _ring_timed(self, rec: StepRecord) -> bool:
-        """A replay whose snapshot is in the ring and whose spans are all CUDA events needs no done event: the
-        drain's event and its spans' end events say when it is complete."""
-        return (bool(rec.packs) and all(p.seq is not None for p in rec.packs) and not rec.floats
-                and bool(rec.spans) and all(isinstance(sp.end, torch.cuda.Event) for sp in rec.spans))
 
     def _drain_ring(self, force: bool) -> None:
         ring = self.ring
@@ -373,6 +373,7 @@ class Recorder:
                     ring.wait(p.seq)
                     p.host, p.seq = torch.from_numpy(ring.row(p.seq, p.length)), None
         ring.drain()
+        self.compute_stamps.drain()  # the replays' stamps, in the same pass (same stream)
 
     def poll(self, force_send: bool = False, limit: int | None = RESOLVE_PER_POLL) -> None:
         """Write pending steps whose device work has completed (in order; never blocks), at most `limit` of them
@@ -380,22 +381,27 @@ class Recorder:
         (one message per `ring.drain_every` steps, or every 20 ms)."""
         if self._failed is not None:
             return
-        ring = self.ring
-        if ring is not None and ring.count > ring.drained and self._pending and \
-                time.perf_counter_ns() - self._pending[0].end_ns > 20_000_000:
-            self._drain_ring(force=True)  # a quiet run: do not hold its last steps back
+        if self._pending and time.perf_counter_ns() - self._pending[0].end_ns > 20_000_000:
+            self._drain_all()  # a quiet run: do not hold its last steps back
         self._write_ready(limit)
         self._send(force_send)
+
+    def _drain_all(self) -> None:
+        """Enqueue the copies of every ring's undrained values."""
+        self._drain_ring(force=True)
+        for ring in self._stamps.values():
+            ring.drain()
 
     def _write_ready(self, limit: int | None = None) -> bool:
         """Resolve pending steps in order while they are complete (at most `limit`); False when one is not."""
         n = 0
+        done: dict[int, int] = {}  # stamps completed per ring, asked once per pass
         while self._pending and (limit is None or n < limit):
             n += 1
             rec = self._pending[0]
             if any(o.index >= 0 and o.index < rec.index for o in self._open):
                 return False  # an earlier-numbered step is still being built
-            if not self._complete(rec):
+            if not self._complete(rec, done):
                 return False
             self._pending.popleft()
             self._outbox.append(self._resolve(rec))
@@ -417,23 +423,35 @@ class Recorder:
     def flush_pending(self) -> None:
         """Drain the ring, wait for the device and write every finished step now (a pause of the live viewer)."""
         if self._failed is None:
-            self._drain_ring(force=True)
+            self._drain_all()
             if self.is_cuda:
                 torch.cuda.synchronize(self.device)
         self.poll(force_send=True, limit=None)
 
-    def _complete(self, rec: StepRecord) -> bool:
+    def _complete(self, rec: StepRecord, done: dict[int, int]) -> bool:
         if rec.done_event is not None and not rec.done_event.query():
             return False
         if self.ring is not None:
-            done = self.ring.completed()
-            if any(p.seq is not None and p.seq >= done for p in rec.packs):
+            rows = self.ring.completed()
+            if any(p.seq is not None and p.seq >= rows for p in rec.packs):
                 return False
-        return not any(isinstance(s.end, torch.cuda.Event) and not s.end.query() for s in rec.spans)
+        for sp in rec.spans:
+            for t in (sp.start, sp.end):
+                if type(t) is tuple:
+                    ring, seq = t
+                    got = done.get(id(ring))
+                    if got is None:
+                        got = done[id(ring)] = ring.completed()
+                    if seq >= got:
+                        if seq >= ring.drained and (ring.count - ring.drained >= DRAIN_STAMPS
+                                                    or ring is self.compute_stamps and self.ring is None):
+                            ring.drain()  # enough have gathered (or no snapshot-ring drain will take them)
+                        return False
+        return True
 
     def _event(self) -> Any:
         # Events are reused once their step is written: creating one costs more than recording it.
-        return self._free_events.pop() if self._free_events else torch.cuda.Event(enable_timing=True)
+        return self._free_events.pop() if self._free_events else torch.cuda.Event()
 
     def _drain_oldest(self) -> None:
         rec = self._pending[0]
@@ -456,7 +474,7 @@ class Recorder:
             self._failed = failing
         if self.is_cuda and self._failed is None:
             try:
-                self._drain_ring(force=True)
+                self._drain_all()
                 torch.cuda.synchronize(self.device)
                 self.poll(force_send=True, limit=None)
             except Exception as e:  # noqa: BLE001 - only sticky CUDA errors are absorbed here
@@ -464,7 +482,7 @@ class Recorder:
                     raise
                 self._failed = e
         elif self._failed is None:
-            self._drain_ring(force=True)
+            self._drain_all()
             self.poll(force_send=True, limit=None)
         if self._failed is not None:
             self._write_after_failure(self._failed)
@@ -477,7 +495,7 @@ class Recorder:
         recs = sorted(list(self._pending) + launched, key=lambda r: r.index)
         # Device objects must never be destroyed now: their destructors query the dead context and print C++
         # warnings (or abort). The process is ending; keep them referenced until it does.
-        keep_until_exit(self._free_events, self._ring, self._clock, recs, self.ring)
+        keep_until_exit(self._free_events, self._ring, self._stamps, recs, self.ring)
         for raw in self._outbox:  # resolved before the failure: complete, and first in index order
             self.writer.write_raw_step(raw)
         self._outbox = []
@@ -493,19 +511,17 @@ class Recorder:
             if self.is_cuda:
                 keep_until_exit(r.spans, r.packs, r.floats, r.done_event)
                 r.packs, r.floats, r.done_event = [], [], None  # device copies may never have landed
-                r.spans = [s for s in r.spans if not isinstance(s.start, torch.cuda.Event)]
+                r.spans = [s for s in r.spans if type(s.start) is int and type(s.end) is int]  # device stamps lost
             self.writer.write_raw_step(self._resolve(r))
 
     def _resolve(self, rec: StepRecord) -> dict[str, Any]:
         """The step in the compact form the writer process turns into a schema Step (`step_from_raw`).
 
         Kept cheap on purpose: this runs on the engine's thread; unpacking and encoding happen in the writer."""
-        spans = []
-        for s in rec.spans:
-            if isinstance(s.start, torch.cuda.Event):
-                spans.append((s.stream, s.name, self._clock.ns(s.start), self._clock.ns(s.end)))
-            else:
-                spans.append((s.stream, s.name, int(s.start), int(s.end)))
+        off = self.clock.offset_ns
+        spans = [(s.stream, s.name,
+                  s.start[0].value(s.start[1]) + off if type(s.start) is tuple else s.start,
+                  s.end[0].value(s.end[1]) + off if type(s.end) is tuple else s.end) for s in rec.spans]
         packs = [(p.host.numpy().copy() if p.seq is None else self.ring.row(p.seq, p.length),  # type: ignore[union-attr]
                   self._layout(p.layout), p.crop_cols) for p in rec.packs]
         floats = [(name, "float32" if t.is_floating_point() else _NP_DTYPES[t.dtype], tuple(t.shape), 0,
@@ -514,13 +530,8 @@ class Recorder:
         for p in rec.packs:
             if p.slot is not None:
                 self._ring.release(p.slot)
-        if self.is_cuda:
-            events = [e for sp in rec.spans for e in (sp.start, sp.end) if isinstance(e, torch.cuda.Event)]
-            # A completed event of the step becomes the clock's anchor; the previous anchor goes back to the pool.
-            anchor = rec.done_event if rec.done_event is not None else (events.pop() if events else None)
-            self._free_events.extend(events)
-            if anchor is not None:
-                self._free_events.append(self._clock.advance(anchor))
+        if rec.done_event is not None:
+            self._free_events.append(rec.done_event)
         header = dict(index=rec.index, iteration=rec.iteration, mode=rec.mode.value, model=rec.model,
                       step_id=rec.step_id, batch_size=rec.batch_size, padded_batch_size=rec.padded_batch_size,
                       graph=rec.graph.value, tokens_per_request=rec.tokens_per_request,
@@ -609,7 +620,7 @@ class SnapshotRing:
         a, b = self.drained, self.count
         if a == b:
             return
-        for lo, hi in _row_ranges(a, b, self.rows):
+        for lo, hi in row_ranges(a, b, self.rows):
             self.host[lo:hi].copy_(self.dev[lo:hi], non_blocking=self.is_cuda)
         ev = None
         if self.is_cuda:
@@ -636,11 +647,3 @@ class SnapshotRing:
     def row(self, seq: int, length: int) -> np.ndarray:
         """The host copy of replay `seq`'s snapshot (a copy: the row is reused `rows` replays later)."""
         return self.host[seq % self.rows, :length].numpy().copy()
-
-
-def _row_ranges(a: int, b: int, rows: int) -> list[tuple[int, int]]:
-    """Row ranges [lo, hi) holding sequence numbers [a, b) of a ring of `rows` (at most two: it may wrap)."""
-    if b - a >= rows:
-        return [(0, rows)]
-    lo, hi = a % rows, b % rows
-    return [(lo, hi)] if lo < hi else [(lo, rows), (0, hi)] if hi else [(lo, rows)]

@@ -9,7 +9,7 @@ from specscope.backend.engine_config import EngineConfig
 from specscope.backend.session import run_session
 from specscope.tracer import recorder as recorder_mod
 from specscope.tracer.checks import check_steps
-from specscope.tracer.recorder import _row_ranges
+from specscope.tracer.stamps import row_ranges as _row_ranges
 from specscope.tracer.store import TraceReader
 
 

@@ -1,0 +1,225 @@
+"""Timestamps the GPU writes itself: one clock for every span the recorder times on a device.
+
+A stamp is a one-thread kernel that reads the GPU's `%globaltimer` (ns, 32 ns steps on an H200) and stores it in a
+device ring at the slot a device-resident index names, then advances the index. Captured inside a CUDA graph it
+costs a replay's host nothing; launched eagerly it costs one driver call (a few µs: a host-recorded CUDA event costs
+~10 µs, triton's Python launcher ~19 µs, measured on the H200). Each CUDA stream has its own ring, so the stamps of
+a ring run in the order the host launched them on that stream and the host numbers them by counting (`claim`). A
+ring's new slots are copied to pinned memory now and then (`drain`, on the ring's stream, so a slot is never
+overwritten before it is copied); a stamp's value is read once the drain covering it has landed.
+
+Why one clock: the stream checks (I21, I22) compare a plan-stream span with a compute-stream span at µs gaps. CUDA
+event times and `%globaltimer` are different counters whose offset can only be bracketed to ~20 µs from the host,
+so every device span is stamped by this kernel, eager or captured, and none by events.
+
+The kernel is PTX loaded through the CUDA driver (no compiler needed; the driver JIT-compiles it in ms). On the CPU
+a ring is host memory and a stamp is `time.perf_counter_ns()`, written by the same claim / drain logic, so CI runs
+the bookkeeping the GPU runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_PTX = rb"""
+.version 7.0
+.target sm_75
+.address_size 64
+.visible .entry specscope_stamp(.param .u64 ring, .param .u64 index, .param .u64 slots)
+{
+    .reg .b64 %r<10>;
+    ld.param.u64 %r1, [ring];
+    ld.param.u64 %r2, [index];
+    ld.param.u64 %r3, [slots];
+    cvta.to.global.u64 %r1, %r1;
+    cvta.to.global.u64 %r2, %r2;
+    ld.volatile.global.u64 %r4, [%r2];
+    mov.u64 %r5, %globaltimer;
+    rem.u64 %r6, %r4, %r3;
+    shl.b64 %r6, %r6, 3;
+    add.u64 %r7, %r1, %r6;
+    st.global.u64 [%r7], %r5;
+    add.u64 %r4, %r4, 1;
+    st.volatile.global.u64 [%r2], %r4;
+    ret;
+}
+"""
+
+SLOTS = 8192  # stamps per ring; a drain is forced before half of them are undrained
+
+
+class _Driver:
+    """The CUDA driver calls a stamp needs (libcuda through ctypes), loaded once per process."""
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        self.lib = lib
+        launch = lib.cuLaunchKernel
+        launch.restype = ctypes.c_int
+        launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        self.launch = launch
+        module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+        self._check(lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(_PTX)), "cuModuleLoadData")
+        self._check(lib.cuModuleGetFunction(ctypes.byref(fn), module, b"specscope_stamp"), "cuModuleGetFunction")
+        self.module, self.fn = module, fn
+
+    def _check(self, rc: int, call: str) -> None:
+        if rc:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(rc, ctypes.byref(name))
+            raise RuntimeError(f"{call} failed: {(name.value or b'?').decode()} ({rc})")
+
+
+_DRIVER: _Driver | None = None
+
+
+def _driver() -> _Driver:
+    global _DRIVER
+    if _DRIVER is None:
+        _DRIVER = _Driver()
+    return _DRIVER
+
+
+class StampRing:
+    """The stamps of one stream: `dev` int64 `[SLOTS]` written by the stamp kernel, `index` int64 `[1]` its next
+    slot (device memory on a GPU), `host` the pinned copy drains fill."""
+
+    def __init__(self, device: torch.device, stream: Any = None, slots: int = SLOTS) -> None:
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        self.stream = stream  # the torch.cuda.Stream it stamps (None on the CPU)
+        self.slots = slots
+        self.dev = torch.zeros(slots, dtype=torch.int64, device=device)
+        self.index = torch.zeros(1, dtype=torch.int64, device=device)
+        self.host = torch.zeros(slots, dtype=torch.int64, pin_memory=self.is_cuda)
+        self._host_np = self.host.numpy()
+        self._dev_np = None if self.is_cuda else self.dev.numpy()
+        self.count = 0  # stamps launched on this stream (claimed)
+        self.drained = 0  # stamps covered by an enqueued drain
+        self._done = 0  # stamps whose values are in `host`
+        self._drains: deque[tuple[int, Any]] = deque()
+        self._cpu_index = 0
+        # Called before a drain overwrites the host slots of stamps numbered below its argument (the recorder reads
+        # out the ones a held-back step still needs).
+        self.on_lap: Callable[[int], None] | None = None
+        if self.is_cuda:
+            drv = _driver()
+            self._launch, self._fn = drv.launch, drv.fn
+            self._args = (ctypes.c_uint64(self.dev.data_ptr()), ctypes.c_uint64(self.index.data_ptr()),
+                          ctypes.c_uint64(slots))
+            self._params = (ctypes.c_void_p * 3)(*(ctypes.addressof(a) for a in self._args))
+            self._check = drv._check
+
+    def launch(self, stream_handle: int | None = None) -> None:
+        """Write one stamp on `stream_handle` (a raw CUDA stream; default: this ring's stream) without claiming it:
+        what a graph capture records (its replays are claimed with `claim`) and what `stamp` does first."""
+        if not self.is_cuda:
+            i = self._cpu_index
+            self._dev_np[i % self.slots] = time.perf_counter_ns()  # type: ignore[index]
+            self._cpu_index = i + 1
+            return
+        handle = self.stream.cuda_stream if stream_handle is None else stream_handle
+        rc = self._launch(self._fn, 1, 1, 1, 1, 1, 1, 0, handle, self._params, None)
+        if rc:
+            self._check(rc, "cuLaunchKernel")
+
+    def claim(self, n: int = 1) -> int:
+        """Number `n` stamps just launched on this stream (a replay's captured ones); returns the first number."""
+        seq = self.count
+        self.count += n
+        if self.count - self.drained >= self.slots // 2:
+            self.drain()  # the device must never lap a slot whose value has not been copied
+        return seq
+
+    def stamp(self) -> int:
+        """Stamp now, on this ring's stream; returns the stamp's number."""
+        self.launch()
+        return self.claim()
+
+    def drain(self) -> None:
+        """Enqueue the copy of every stamp claimed since the last drain (on the ring's stream; no host sync)."""
+        a, b = self.drained, self.count
+        if a == b:
+            return
+        if self.on_lap is not None and b > self.slots:
+            self.on_lap(b - self.slots)
+        ctx = torch.cuda.stream(self.stream) if self.is_cuda else None
+        if ctx is not None:
+            ctx.__enter__()
+        try:
+            for lo, hi in row_ranges(a, b, self.slots):
+                self.host[lo:hi].copy_(self.dev[lo:hi], non_blocking=self.is_cuda)
+            ev = None
+            if self.is_cuda:
+                ev = torch.cuda.Event()
+                ev.record(self.stream)
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+        self._drains.append((b, ev))
+        self.drained = b
+
+    def completed(self) -> int:
+        """Stamps numbered below this have their values in host memory."""
+        while self._drains and (self._drains[0][1] is None or self._drains[0][1].query()):
+            self._done = self._drains.popleft()[0]
+        return self._done
+
+    def wait(self, seq: int) -> None:
+        """Block until stamp `seq` is in host memory (draining it first if need be)."""
+        if seq >= self.drained:
+            self.drain()
+        for end, ev in self._drains:
+            if end > seq:
+                if ev is not None:
+                    ev.synchronize()
+                break
+        self.completed()
+
+    def value(self, seq: int) -> int:
+        """The device time (ns) of stamp `seq`; valid once `completed() > seq` and until the slot is reused."""
+        return int(self._host_np[seq % self.slots])
+
+
+class StampClock:
+    """Device stamps on the host clock (`time.perf_counter_ns`): one offset, measured once at a synchronized point.
+
+    The offset is bracketed by host reads around a stamp and a synchronize; the tightest of a few tries is kept
+    (tens of µs). Drift between the GPU timer and the host clock after that is not corrected: spans on the device
+    are exact relative to each other, which is what the checks compare."""
+
+    def __init__(self, ring: StampRing, tries: int = 5) -> None:
+        best: tuple[int, int] | None = None
+        for _ in range(tries if ring.is_cuda else 1):
+            if ring.is_cuda:
+                torch.cuda.synchronize(ring.device)
+            h0 = time.perf_counter_ns()
+            seq = ring.stamp()
+            if ring.is_cuda:
+                torch.cuda.synchronize(ring.device)
+            h1 = time.perf_counter_ns()
+            ring.wait(seq)
+            g = ring.value(seq)
+            if best is None or h1 - h0 < best[1]:
+                best = ((h0 + h1) // 2 - g, h1 - h0)
+        assert best is not None
+        self.offset_ns, self.bracket_ns = best if ring.is_cuda else (0, 0)
+
+    def ns(self, device_ns: int) -> int:
+        """A device stamp on the host clock."""
+        return device_ns + self.offset_ns
+
+
+def row_ranges(a: int, b: int, slots: int) -> list[tuple[int, int]]:
+    """Slot (or row) ranges [lo, hi) holding sequence numbers [a, b) of a ring of `slots` (at most two: it may
+    wrap)."""
+    if b - a >= slots:
+        return [(0, slots)]
+    lo, hi = a % slots, b % slots
+    return [(lo, hi)] if lo < hi else [(lo, slots), (0, hi)] if hi else [(lo, slots)]
