@@ -20,6 +20,7 @@ the bookkeeping the GPU runs.
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -60,9 +61,9 @@ class _Driver:
     def __init__(self) -> None:
         lib = ctypes.CDLL("libcuda.so.1")
         self.lib = lib
+        # No argtypes: every argument is passed as a ready-made ctypes object (no per-call conversion).
         launch = lib.cuLaunchKernel
         launch.restype = ctypes.c_int
-        launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         self.launch = launch
         module, fn = ctypes.c_void_p(), ctypes.c_void_p()
         self._check(lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(_PTX)), "cuModuleLoadData")
@@ -110,10 +111,14 @@ class StampRing:
         self.on_lap: Callable[[int], None] | None = None
         if self.is_cuda:
             drv = _driver()
-            self._launch, self._fn = drv.launch, drv.fn
             self._args = (ctypes.c_uint64(self.dev.data_ptr()), ctypes.c_uint64(self.index.data_ptr()),
                           ctypes.c_uint64(slots))
             self._params = (ctypes.c_void_p * 3)(*(ctypes.addressof(a) for a in self._args))
+            one, zero = ctypes.c_uint(1), ctypes.c_uint(0)
+            head = (drv.fn, one, one, one, one, one, one, zero)
+            self._launch = functools.partial(drv.launch, *head)  # (stream, params, extra)
+            own = ctypes.c_void_p(stream.cuda_stream if stream is not None else 0)
+            self._launch_own = functools.partial(drv.launch, *head, own, self._params, None)  # on this ring's stream
             self._check = drv._check
 
     def launch(self, stream_handle: int | None = None) -> None:
@@ -124,8 +129,10 @@ class StampRing:
             self._dev_np[i % self.slots] = time.perf_counter_ns()  # type: ignore[index]
             self._cpu_index = i + 1
             return
-        handle = self.stream.cuda_stream if stream_handle is None else stream_handle
-        rc = self._launch(self._fn, 1, 1, 1, 1, 1, 1, 0, handle, self._params, None)
+        if stream_handle is None:
+            rc = self._launch_own()
+        else:
+            rc = self._launch(ctypes.c_void_p(stream_handle), self._params, None)
         if rc:
             self._check(rc, "cuLaunchKernel")
 
