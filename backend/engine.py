@@ -214,7 +214,7 @@ class Engine:
             prep = runner.prepare(fb, graph, rec)
         logits = runner.execute(prep, rec, logits_indices)  # its span "forward" is timed inside
         if rec is not None:
-            rec.requests = states()
+            rec.requests = states  # made when the step is resolved: what it reads does not change any more
             self.recorder.end_step(rec)
         return logits
 

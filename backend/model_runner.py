@@ -256,7 +256,7 @@ class ModelRunner:
         # Same order as pack_snapshot; the layout comes from shapes and addresses alone, read on every step (a
         # replay's addresses are what I15 checks), and is built once per distinct (address, shape) set.
         tensors = self._metadata_tensors(backend, fb)
-        key = tuple((t.data_ptr(), t.shape) for _, t in tensors)
+        key = tuple([(t.data_ptr(), t.shape) for _, t in tensors])
         layout = self._layouts.get(key)
         if layout is None:
             full = [(name, t.dtype, tuple(t.shape), t.data_ptr()) for name, t in tensors]
@@ -272,12 +272,16 @@ class ModelRunner:
             self.recorder.snapshot_ring(rec, ring_len, layout, crop)
         else:
             self.recorder.snapshot_pack(rec, packed, layout, crop_cols=crop)
-        rec.scalars.update(
-            max_seq_len_q=md.max_seq_len_q, kernel_q_len=md.kernel_q_len, max_seq_len_k=md.max_seq_len_k,
-            max_context_len=backend.max_context_len, num_kv_pages=self.num_kv_pages,
-            seq_len_fill_value=backend.get_cuda_graph_seq_len_fill_value(),
-            backend_num_draft_tokens=backend.speculative_num_draft_tokens,
-            speculative_step_id=backend.speculative_step_id)
+        scalars = {
+            "max_seq_len_q": md.max_seq_len_q, "kernel_q_len": md.kernel_q_len, "max_seq_len_k": md.max_seq_len_k,
+            "max_context_len": backend.max_context_len, "num_kv_pages": self.num_kv_pages,
+            "seq_len_fill_value": backend.get_cuda_graph_seq_len_fill_value(),
+            "backend_num_draft_tokens": backend.speculative_num_draft_tokens,
+            "speculative_step_id": backend.speculative_step_id}
+        if rec.scalars:
+            rec.scalars.update(scalars)
+        else:
+            rec.scalars = scalars
         # The host mirror the backend sized its refresh from, as it is now (checked against device seq_lens).
         self.recorder.snapshot_host(rec, "seq_lens_cpu", fb.seq_lens_cpu)
         if md.captured_max_seq_len_q is not None:

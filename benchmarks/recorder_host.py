@@ -1,16 +1,17 @@
-"""The recorder's host cost per recorded step, measured anywhere (CPU): what a GPU iteration pays on its host thread.
+"""The recorder's host cost per recorded step: what a GPU iteration pays on its host thread (runs anywhere).
 
-A traced CPU run of the embedded models (graph emulation, snapshot ring on) goes through the real recorder; every
-recorder and snapshot call on the engine's thread is timed (`time.perf_counter_ns` around each call, nested calls
-counted once), and the batches it hands the writer are encoded again afterwards as `write_raw_steps` does (the
-engine's encoding cost), alternating with a plain pickle of the same batch (arrays as numpy arrays). Per
-graph replay: median µs of each call, and bytes per step on the pipe. On a GPU the same Python runs (with CUDA
-event records in place of host clock reads), but here every call also runs between CPU kernels (most likely it
-pays the cold caches they leave): a call timed in the run costs 5-7x what it does in a tight loop
-(`snapshot_host`: 30-40 µs vs 6 µs on the 2-core VM). Compare runs of this script with each other (A/B), not with
-a GPU host's numbers.
+A traced run of the embedded models (CUDA graphs, or their emulation on the CPU; snapshot ring on) goes through the
+real recorder; every recorder and snapshot call on the engine's thread is timed (`time.perf_counter_ns` around each
+call, nested calls counted once; stamps and the resolve/encode/send calls inside `poll` on their own too), and the
+batches it hands the writer are encoded again afterwards as `write_raw_steps` does (the engine's encoding cost),
+alternating with a plain pickle of the same batch (arrays as numpy arrays). Per graph replay: median µs of each call,
+and bytes per step on the pipe. `--device cuda` measures it on a GPU host (real stamps and drains). On the CPU
+every call also runs between CPU kernels (most likely it pays the cold caches they leave): a call timed in the run
+costs 5-7x what it does in a tight loop (`snapshot_host`: 30-40 µs vs 6 µs on the 2-core VM). Compare CPU runs of
+this script with each other (A/B), not with a GPU host's numbers.
 
-    python benchmarks/recorder_host.py            # bs 1 and 16, writes benchmarks/results/recorder_host.json
+    python benchmarks/recorder_host.py                 # bs 1 and 16, writes benchmarks/results/recorder_host.json
+    python benchmarks/recorder_host.py --device cuda --out benchmarks/results/recorder_host_cuda.json
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def is_sticky_cuda_error(e: BaseException) -> bool:
     return type(e).__name__ == "AcceleratorError" or (isinstance(e, RuntimeError) and "CUDA error" in str(e))
 
 
-@dataclass
+@dataclass(slots=True)
 class _PendingPack:
     host: torch.Tensor | None  # int64 host copy of the packed snapshot (a pinned-ring slice on a GPU)
     layout: list[tuple[str, torch.dtype, tuple[int, ...], int]]  # name, dtype, full shape, data_ptr
@@ -63,7 +63,7 @@ class _PendingPack:
     length: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _PendingSpan:
     stream: str
     name: str
@@ -71,7 +71,7 @@ class _PendingSpan:
     end: Any
 
 
-@dataclass(eq=False)  # identity: the recorder finds records in its lists by object, not by value
+@dataclass(eq=False, slots=True)  # identity: the recorder finds records in its lists by object, not by value
 class StepRecord:
     """A step under construction; the engine fills it, `Recorder.end_step` queues it."""
 
@@ -89,7 +89,9 @@ class StepRecord:
     start_ns: int
     end_ns: int = 0
     scalars: dict[str, int] = field(default_factory=dict)
-    requests: dict[str, list[Any]] = field(default_factory=dict)  # columns, see process_writer
+    # columns (see process_writer), or a function that makes them from values that no longer change (a draft
+    # step's requests and lengths): called when the step is resolved, off the launch path
+    requests: Any = field(default_factory=dict)
     packs: list[_PendingPack] = field(default_factory=list)
     floats: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # sampled attention inputs/outputs
     host_arrays: list[tuple[str, np.ndarray, int]] = field(default_factory=list)  # host tensors: name, copy, ptr
@@ -194,6 +196,8 @@ class Recorder:
             writer.send_in_background()
         # One stamp ring per stream; the compute stream's is the one captured graphs stamp (`compute_stamps`).
         self._stamps: dict[Any, StampRing] = {}
+        self._last_stream: Any = None  # the CUDA stream of the last ring looked up (most spans are on one stream)
+        self._last_ring: StampRing | None = None
         self.compute_stamps = self.stamp_ring("compute", torch.cuda.current_stream(device) if self.is_cuda else None)
         self.clock = StampClock(self.compute_stamps)  # device stamps -> host ns, measured once
 
@@ -277,8 +281,12 @@ class Recorder:
 
     def stamp_ring(self, stream: str, cuda_stream: Any = None) -> StampRing:
         """The stamp ring of a CUDA stream (on the CPU: of the stream name), made on first use."""
+        if cuda_stream is not None and cuda_stream is self._last_stream:
+            return self._last_ring  # type: ignore[return-value]
         key = cuda_stream.cuda_stream if cuda_stream is not None else stream
         ring = self._stamps.get(key)
+        if cuda_stream is not None and ring is not None:
+            self._last_stream, self._last_ring = cuda_stream, ring
         if ring is None:
             ring = self._stamps[key] = StampRing(self.device, cuda_stream)
             ring.on_lap = lambda below, r=ring: self._read_out_stamps(r, below)
@@ -335,6 +343,8 @@ class Recorder:
 
     def fired(self, rec: Any, faults: Any) -> None:
         """Fault accounting: these injected faults changed this step (never an input to detection)."""
+        if not faults:
+            return
         for r in _recs(rec):
             for f in faults:
                 if f not in r.faults_fired:
@@ -537,7 +547,8 @@ class Recorder:
                       graph=rec.graph.value, tokens_per_request=rec.tokens_per_request,
                       num_draft_tokens=rec.num_draft_tokens, page_size=rec.page_size, start_ns=rec.start_ns,
                       end_ns=rec.end_ns, scalars=rec.scalars)
-        return dict(header=header, requests=rec.requests, arrays=floats, packs=packs, spans=spans, violations=[],
+        requests = rec.requests() if callable(rec.requests) else rec.requests
+        return dict(header=header, requests=requests, arrays=floats, packs=packs, spans=spans, violations=[],
                     waits=[(w.stream, w.on_stream, w.on_span) for w in rec.waits],
                     errors=[e.to_dict() for e in rec.errors], faults_fired=list(rec.faults_fired))
 
