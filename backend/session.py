@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -142,6 +143,9 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
         # The embedded models are tiny: intra-op threads cost more than they save on small matmuls, and
         # collapse (x40) when another process shares the cores. SPECSCOPE_CPU_THREADS overrides.
         torch.set_num_threads(int(os.environ.get("SPECSCOPE_CPU_THREADS", "1")))
+    elif dev.index is not None:
+        # Kernels that launch on "the current stream" (flashinfer's, the recorder's stamps) must find this device.
+        torch.cuda.set_device(dev)
     target = load_model(cfg.model, device=dev, dtype=cfg.torch_dtype, random_weights=random_weights,
                         seed=cfg.seed)
     draft = None
@@ -173,7 +177,13 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
                        device_capability=cap, attention_kernel=kernels.name, versions=_versions(dev),
                        git_commit=git_commit(), start_ns=time.time_ns(), hostname=socket.gethostname())
         writer = ProcessTraceWriter(trace_path, info, overwrite=overwrite, check=check)
-        recorder = Recorder(writer, dev)
+        try:
+            recorder = Recorder(writer, dev)
+        except RuntimeError as e:  # no device stamps on this GPU / driver: say so, leave no empty trace behind
+            writer.close()
+            with contextlib.suppress(OSError):
+                os.remove(trace_path)
+            raise ConfigError(f"cannot record on {device_name}: {e} (--no-trace runs without recording)") from e
     if control is not None:
         recorder = ControlledRecorder(recorder, control)  # type: ignore[assignment]
     engine = None

@@ -81,9 +81,14 @@ _DRIVER: _Driver | None = None
 
 
 def _driver() -> _Driver:
+    """The driver calls, with the stamp kernel loaded into the current device's context (one device per process:
+    the session makes the engine's device current)."""
     global _DRIVER
     if _DRIVER is None:
-        _DRIVER = _Driver()
+        try:
+            _DRIVER = _Driver()
+        except OSError as e:  # no libcuda.so.1 (a GPU host always has it; torch alone does not need it)
+            raise RuntimeError(f"device stamps need the CUDA driver library: {e}") from e
     return _DRIVER
 
 

@@ -130,3 +130,23 @@ def test_a_held_back_step_keeps_its_times_when_the_ring_laps() -> None:
     rec.end_step(held)
     rec.close()
     assert w.steps[0]["spans"][0][2:] == (t0, t1)
+
+
+def test_a_gpu_without_device_stamps_is_one_clear_error_and_no_empty_trace(tmp_path, monkeypatch) -> None:
+    """Where the stamp kernel cannot load (a driver too old for the PTX, no libcuda), the run says so in one sentence
+    and leaves no trace file behind; the stamp failure is simulated, the session's handling is the real one."""
+    from specscope.backend.engine_config import ConfigError, EngineConfig
+    from specscope.backend.session import run_session
+    from specscope.tracer import recorder as recorder_mod
+
+    class NoStamps:
+        def __init__(self, *a: object, **k: object) -> None:
+            raise RuntimeError("cuModuleLoadData failed: CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)")
+
+    monkeypatch.setattr(recorder_mod, "StampRing", NoStamps)
+    path = tmp_path / "t.db"
+    cfg = EngineConfig(model="tiny", draft="tiny-draft", device="cpu", batch_size=1, num_requests=1,
+                       max_new_tokens=4, spec_steps=2)
+    with pytest.raises(ConfigError, match="cannot record on cpu: cuModuleLoadData failed"):
+        run_session(cfg, str(path), command="pytest")
+    assert not list(tmp_path.glob("t.db*"))
