@@ -2,11 +2,11 @@
 
 A stamp is a one-thread kernel that reads the GPU's `%globaltimer` (ns, 32 ns steps on an H200) and stores it in a
 device ring at the slot a device-resident index names, then advances the index. Captured inside a CUDA graph it
-costs a replay's host nothing; launched eagerly it costs one driver call (a few µs: a host-recorded CUDA event costs
-~10 µs, triton's Python launcher ~19 µs, measured on the H200). Each CUDA stream has its own ring, so the stamps of
-a ring run in the order the host launched them on that stream and the host numbers them by counting (`claim`). A
-ring's new slots are copied to pinned memory now and then (`drain`, on the ring's stream, so a slot is never
-overwritten before it is copied); a stamp's value is read once the drain covering it has landed.
+costs a replay's host nothing (and ~1 µs of GPU time); launched eagerly it costs one driver call, ~5 µs of host time
+on the H200 (a CUDA event record costs ~2 µs, triton's Python launcher ~19 µs). Each CUDA stream has its own ring, so
+the stamps of a ring run in the order the host launched them on that stream and the host numbers them by counting
+(`claim`). A ring's new slots are copied to pinned memory now and then (`drain`, on the ring's stream, so a slot is
+never overwritten before it is copied); a stamp's value is read once the drain covering it has landed.
 
 Why one clock: the stream checks (I21, I22) compare a plan-stream span with a compute-stream span at µs gaps. CUDA
 event times and `%globaltimer` are different counters whose offset can only be bracketed to ~20 µs from the host,
