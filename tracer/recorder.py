@@ -196,8 +196,6 @@ class Recorder:
             writer.send_in_background()
         # One stamp ring per stream; the compute stream's is the one captured graphs stamp (`compute_stamps`).
         self._stamps: dict[Any, StampRing] = {}
-        self._last_stream: Any = None  # the CUDA stream of the last ring looked up (most spans are on one stream)
-        self._last_ring: StampRing | None = None
         self.compute_stamps = self.stamp_ring("compute", torch.cuda.current_stream(device) if self.is_cuda else None)
         self.clock = StampClock(self.compute_stamps)  # device stamps -> host ns, measured once
 
@@ -281,12 +279,8 @@ class Recorder:
 
     def stamp_ring(self, stream: str, cuda_stream: Any = None) -> StampRing:
         """The stamp ring of a CUDA stream (on the CPU: of the stream name), made on first use."""
-        if cuda_stream is not None and cuda_stream is self._last_stream:
-            return self._last_ring  # type: ignore[return-value]
         key = cuda_stream.cuda_stream if cuda_stream is not None else stream
         ring = self._stamps.get(key)
-        if cuda_stream is not None and ring is not None:
-            self._last_stream, self._last_ring = cuda_stream, ring
         if ring is None:
             ring = self._stamps[key] = StampRing(self.device, cuda_stream)
             ring.on_lap = lambda below, r=ring: self._read_out_stamps(r, below)
