@@ -28,7 +28,7 @@ import torch
 
 from .process_writer import ProcessTraceWriter
 from .schema import CallError, ForwardMode, GraphPhase, RequestRecord, StreamWait
-from .stamps import StampClock, StampRing, row_ranges
+from .stamps import DrainedRing, StampClock, StampRing
 
 _NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8",
               torch.bool: "bool", torch.float32: "float32"}
@@ -245,13 +245,9 @@ class Recorder:
         rec.packs.append(_PendingPack(None, layout, crop_cols, None, self.ring.claim(), length))  # type: ignore[union-attr]
         self._drain_ring(force=False)
 
-    def intern_layout(self, layout: list[tuple[str, Any, tuple[int, ...], int]]) -> tuple[Any, ...]:
+    def intern_layout(self, layout: Any) -> tuple[Any, ...]:
         """`layout` (name, torch dtype, shape, data_ptr per tensor) with numpy dtype names, as the one shared tuple
-        of its value: a caller that keeps it hands the same object with every step (see `snapshot_pack`)."""
-        return self._layout(layout)
-
-    def _layout(self, layout: Any) -> tuple[Any, ...]:
-        """`layout` with numpy dtype names, as the one shared tuple of its value."""
+        of its value; a caller that keeps it hands the same object with every step, which is returned as it is."""
         if type(layout) is tuple:
             return layout  # interned already
         key = tuple((n, _NP_DTYPES.get(d, d), sh, ptr) for n, d, sh, ptr in layout)
@@ -527,7 +523,7 @@ class Recorder:
                   s.start[0].value(s.start[1]) + off if type(s.start) is tuple else s.start,
                   s.end[0].value(s.end[1]) + off if type(s.end) is tuple else s.end) for s in rec.spans]
         packs = [(p.host.numpy().copy() if p.seq is None else self.ring.row(p.seq, p.length),  # type: ignore[union-attr]
-                  self._layout(p.layout), p.crop_cols) for p in rec.packs]
+                  self.intern_layout(p.layout), p.crop_cols) for p in rec.packs]
         floats = [(name, "float32" if t.is_floating_point() else _NP_DTYPES[t.dtype], tuple(t.shape), 0,
                    t.float().numpy() if t.is_floating_point() else t.numpy()) for name, t in rec.floats]
         floats += [(name, self._np_name(v.dtype), v.shape, ptr, v) for name, v, ptr in rec.host_arrays]
@@ -579,7 +575,7 @@ class PinnedRing:
         self.live.remove(slot)
 
 
-class SnapshotRing:
+class SnapshotRing(DrainedRing):
     """Device rows that captured graphs write their packed snapshots into, copied to host memory in batches.
 
     Inside each captured graph, after the forward, `write` stores the packed snapshot int64 `[n]` in the row a
@@ -592,8 +588,8 @@ class SnapshotRing:
     """
 
     def __init__(self, device: torch.device, width: int, rows: int) -> None:
+        super().__init__(device.type == "cuda", rows)
         self.device = device
-        self.is_cuda = device.type == "cuda"
         self.width = width
         self.rows = rows
         self.drain_every = max(1, min(rows // 4, DRAIN_EVERY))
@@ -601,10 +597,6 @@ class SnapshotRing:
         self.index = torch.zeros(1, dtype=torch.int64, device=device)
         # A host copy apart from the device rows on the CPU too: only a drain overwrites a host row, as on a GPU.
         self.host = torch.zeros(rows, width, dtype=torch.int64, pin_memory=self.is_cuda)
-        self.count = 0  # replays claimed
-        self.drained = 0  # replays covered by an enqueued drain copy
-        self._done = 0  # replays whose rows are on the host
-        self._drains: deque[tuple[int, Any]] = deque()
 
     def write(self, packed: torch.Tensor) -> None:
         """Store `packed` int64 `[n]` in the current row and advance the index (device ops only: captured)."""
@@ -622,32 +614,8 @@ class SnapshotRing:
 
     def drain(self) -> None:
         """Enqueue the copy of every row written since the last drain (compute stream; no host sync)."""
-        a, b = self.drained, self.count
-        if a == b:
-            return
-        for lo, hi in row_ranges(a, b, self.rows):
-            self.host[lo:hi].copy_(self.dev[lo:hi], non_blocking=self.is_cuda)
-        ev = None
-        if self.is_cuda:
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(self.device))
-        self._drains.append((b, ev))
-        self.drained = b
-
-    def completed(self) -> int:
-        """Replays below this sequence number have their rows on the host."""
-        while self._drains and (self._drains[0][1] is None or self._drains[0][1].query()):
-            self._done = self._drains.popleft()[0]
-        return self._done
-
-    def wait(self, seq: int) -> None:
-        """Block until the drain covering `seq` has landed (only when a host row is about to be reused)."""
-        for end, ev in self._drains:
-            if end > seq:
-                if ev is not None:
-                    ev.synchronize()
-                break
-        self.completed()
+        if self.drained != self.count:
+            self._copy_new(torch.cuda.current_stream(self.device) if self.is_cuda else None)
 
     def row(self, seq: int, length: int) -> np.ndarray:
         """The host copy of replay `seq`'s snapshot (a copy: the row is reused `rows` replays later)."""

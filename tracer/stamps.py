@@ -19,6 +19,7 @@ the bookkeeping the GPU runs.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import time
@@ -92,13 +93,56 @@ def _driver() -> _Driver:
     return _DRIVER
 
 
-class StampRing:
+class DrainedRing:
+    """Device rows (`dev`, first dimension `size`) numbered in launch order and copied to their `host` twin in
+    batches: which numbers an enqueued copy covers (`drained`) and which have landed (`completed`). The snapshot
+    ring and the stamp rings share it."""
+
+    def __init__(self, is_cuda: bool, size: int) -> None:
+        self.is_cuda = is_cuda
+        self.size = size
+        self.count = 0  # numbers handed out (claimed)
+        self.drained = 0  # numbers covered by an enqueued copy
+        self._done = 0  # numbers whose rows are in `host`
+        self._drains: deque[tuple[int, Any]] = deque()
+        self.dev: torch.Tensor
+        self.host: torch.Tensor
+
+    def _copy_new(self, stream: Any) -> None:
+        """Enqueue the copy of the rows numbered [drained, count) on `stream` (the current one) and the event that
+        says it landed."""
+        for lo, hi in row_ranges(self.drained, self.count, self.size):
+            self.host[lo:hi].copy_(self.dev[lo:hi], non_blocking=self.is_cuda)
+        ev = None
+        if self.is_cuda:
+            ev = torch.cuda.Event()
+            ev.record(stream)
+        self._drains.append((self.count, ev))
+        self.drained = self.count
+
+    def completed(self) -> int:
+        """Numbers below this have their rows in host memory."""
+        while self._drains and (self._drains[0][1] is None or self._drains[0][1].query()):
+            self._done = self._drains.popleft()[0]
+        return self._done
+
+    def wait(self, seq: int) -> None:
+        """Block until the enqueued copy covering `seq` has landed."""
+        for end, ev in self._drains:
+            if end > seq:
+                if ev is not None:
+                    ev.synchronize()
+                break
+        self.completed()
+
+
+class StampRing(DrainedRing):
     """The stamps of one stream: `dev` int64 `[SLOTS]` written by the stamp kernel, `index` int64 `[1]` its next
     slot (device memory on a GPU), `host` the pinned copy drains fill."""
 
     def __init__(self, device: torch.device, stream: Any = None, slots: int = SLOTS) -> None:
+        super().__init__(device.type == "cuda", slots)
         self.device = device
-        self.is_cuda = device.type == "cuda"
         self.stream = stream  # the torch.cuda.Stream it stamps (None on the CPU)
         self.slots = slots
         self.dev = torch.zeros(slots, dtype=torch.int64, device=device)
@@ -106,10 +150,6 @@ class StampRing:
         self.host = torch.zeros(slots, dtype=torch.int64, pin_memory=self.is_cuda)
         self._host_np = self.host.numpy()
         self._dev_np = None if self.is_cuda else self.dev.numpy()
-        self.count = 0  # stamps launched on this stream (claimed)
-        self.drained = 0  # stamps covered by an enqueued drain
-        self._done = 0  # stamps whose values are in `host`
-        self._drains: deque[tuple[int, Any]] = deque()
         self._cpu_index = 0
         # Called before a drain overwrites the host slots of stamps numbered below its argument (the recorder reads
         # out the ones a held-back step still needs).
@@ -156,43 +196,18 @@ class StampRing:
 
     def drain(self) -> None:
         """Enqueue the copy of every stamp claimed since the last drain (on the ring's stream; no host sync)."""
-        a, b = self.drained, self.count
-        if a == b:
+        if self.drained == self.count:
             return
-        if self.on_lap is not None and b > self.slots:
-            self.on_lap(b - self.slots)
-        ctx = torch.cuda.stream(self.stream) if self.is_cuda else None
-        if ctx is not None:
-            ctx.__enter__()
-        try:
-            for lo, hi in row_ranges(a, b, self.slots):
-                self.host[lo:hi].copy_(self.dev[lo:hi], non_blocking=self.is_cuda)
-            ev = None
-            if self.is_cuda:
-                ev = torch.cuda.Event()
-                ev.record(self.stream)
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
-        self._drains.append((b, ev))
-        self.drained = b
-
-    def completed(self) -> int:
-        """Stamps numbered below this have their values in host memory."""
-        while self._drains and (self._drains[0][1] is None or self._drains[0][1].query()):
-            self._done = self._drains.popleft()[0]
-        return self._done
+        if self.on_lap is not None and self.count > self.slots:
+            self.on_lap(self.count - self.slots)
+        with torch.cuda.stream(self.stream) if self.is_cuda else contextlib.nullcontext():
+            self._copy_new(self.stream)
 
     def wait(self, seq: int) -> None:
         """Block until stamp `seq` is in host memory (draining it first if need be)."""
         if seq >= self.drained:
             self.drain()
-        for end, ev in self._drains:
-            if end > seq:
-                if ev is not None:
-                    ev.synchronize()
-                break
-        self.completed()
+        super().wait(seq)
 
     def value(self, seq: int) -> int:
         """The device time (ns) of stamp `seq`; valid once `completed() > seq` and until the slot is reused."""
@@ -207,21 +222,19 @@ class StampClock:
     are exact relative to each other, which is what the checks compare."""
 
     def __init__(self, ring: StampRing, tries: int = 5) -> None:
-        best: tuple[int, int] | None = None
-        for _ in range(tries if ring.is_cuda else 1):
-            if ring.is_cuda:
-                torch.cuda.synchronize(ring.device)
+        self.offset_ns, self.bracket_ns = 0, 0  # CPU stamps are host times already
+        if not ring.is_cuda:
+            return
+        brackets = []
+        for _ in range(tries):
+            torch.cuda.synchronize(ring.device)
             h0 = time.perf_counter_ns()
             seq = ring.stamp()
-            if ring.is_cuda:
-                torch.cuda.synchronize(ring.device)
+            torch.cuda.synchronize(ring.device)
             h1 = time.perf_counter_ns()
             ring.wait(seq)
-            g = ring.value(seq)
-            if best is None or h1 - h0 < best[1]:
-                best = ((h0 + h1) // 2 - g, h1 - h0)
-        assert best is not None
-        self.offset_ns, self.bracket_ns = best if ring.is_cuda else (0, 0)
+            brackets.append((h1 - h0, (h0 + h1) // 2 - ring.value(seq)))
+        self.bracket_ns, self.offset_ns = min(brackets)
 
     def ns(self, device_ns: int) -> int:
         """A device stamp on the host clock."""
