@@ -191,15 +191,20 @@ class Engine:
 
     # ---- helpers -------------------------------------------------------------------------------------
     def _batch(self, runner: ModelRunner, mode: ForwardMode, bs: int, *, rpi: torch.Tensor, rows: torch.Tensor,
-               input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor, seq_lens_cpu: list[int],
-               q_lens: list[int], step_id: int | None = None) -> ForwardBatch:
+               input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
+               seq_lens_cpu: list[int] | torch.Tensor, q_lens: list[int], step_id: int | None = None,
+               out_loc: torch.Tensor | None = None) -> ForwardBatch:
         """A forward batch from device tensors: rpi int64 `[bs]`, rows / positions int64 `[num_tokens]` (the request
-        slot and position of every query token); the KV write slots are looked up on the device."""
-        out_loc = self.r2t.req_to_token[rows, positions].to(torch.int64)
+        slot and position of every query token); the KV write slots int64 `[num_tokens]` are looked up on the device
+        unless `out_loc` gives them. `seq_lens_cpu`: a list, or an int32 `[bs]` host tensor the caller made."""
+        if out_loc is None:
+            out_loc = self.r2t.req_to_token[rows, positions].to(torch.int64)
+        if not isinstance(seq_lens_cpu, torch.Tensor):
+            seq_lens_cpu = torch.tensor(seq_lens_cpu, dtype=torch.int32)
         uniform = mode in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY)
         return ForwardBatch(
             forward_mode=mode, batch_size=bs, input_ids=input_ids, positions=positions, seq_lens=seq_lens,
-            seq_lens_cpu=torch.tensor(seq_lens_cpu, dtype=torch.int32), req_pool_indices=rpi,
+            seq_lens_cpu=seq_lens_cpu, req_pool_indices=rpi,
             out_cache_loc=out_loc, req_to_token_pool=self.r2t, token_to_kv_pool=runner.kv_pool,
             attn_backend=runner.backend_for(mode, step_id),
             extend_seq_lens_cpu=None if uniform else list(q_lens), spec_step_id=step_id,
@@ -347,8 +352,16 @@ class Engine:
             rows_t = rpi[:, None].expand(bs, T).reshape(-1)  # repeat_interleave may read its output size back
             verify_pos = (s_dev[:, None] + self._arange[None, :T]).reshape(-1)
             verify_ids = torch.zeros(bs * T, dtype=torch.int64, device=dev)
+            s_cpu = torch.tensor(s, dtype=torch.int32)  # the host mirror of seq_lens that verify and the drafts read
+            seq_lens = self.seq_lens_buf[:bs]
             fb_v = self._batch(self.target, ForwardMode.TARGET_VERIFY, bs, rpi=rpi, rows=rows_t, input_ids=verify_ids,
-                               positions=verify_pos, seq_lens=self.seq_lens_buf[:bs], seq_lens_cpu=s, q_lens=[T] * bs)
+                               positions=verify_pos, seq_lens=seq_lens, seq_lens_cpu=s_cpu, q_lens=[T] * bs)
+            if self.num_draft_steps:
+                # Draft step i writes position S+i: column i of the verify window. Its positions and KV slots are
+                # taken from there, as SGLang assigns every draft step's cache locations at once (two gathers per
+                # iteration instead of three kernels per draft step).
+                step_pos = verify_pos.view(bs, T).t().contiguous()  # int64 [T, bs]
+                step_loc = fb_v.out_cache_loc.view(bs, T).t().contiguous()
             ext_ids = torch.zeros(bs * T, dtype=torch.int64, device=dev)
             fb_e = self._batch(self.draft, ForwardMode.DRAFT_EXTEND, bs, rpi=rpi, rows=rows_t, input_ids=ext_ids,
                                positions=verify_pos, seq_lens=(s_dev + T).to(torch.int32),
@@ -374,8 +387,8 @@ class Engine:
         draft_probs = [self.first_draft_probs[rpi]] if self.first_draft_probs is not None else []
         for i in range(self.num_draft_steps):
             fb = self._batch(self.draft, ForwardMode.DRAFT_DECODE, bs, rpi=rpi, rows=rpi, input_ids=tok,
-                             positions=s_dev + i, seq_lens=self.seq_lens_buf[:bs], seq_lens_cpu=s, q_lens=[1] * bs,
-                             step_id=i)
+                             positions=step_pos[i], seq_lens=seq_lens, seq_lens_cpu=s_cpu, q_lens=[1] * bs,
+                             step_id=i, out_loc=step_loc[i])
             with nvtx(f"draft step {i}", self.nvtx):
                 logits = self._forward(self.draft, fb, lambda: request_states(reqs, s, s, [1] * bs))
             if plan_on and i == 0:
@@ -438,11 +451,12 @@ class Engine:
         if rec_v is not None:
             rec_v.requests = request_states(reqs, s, s_after, [T] * bs, d_host, accepted)
             self.recorder.end_step(rec_v)
-        for acc in accepted:
-            self.stats.verify_rows += 1
-            self.stats.accepted_total += len(acc)
-            for j in range(len(acc) - 1):
-                self.stats.accepted_by_position[j] += 1
+        lens = host[a0:a0 + bs]
+        self.stats.verify_rows += bs
+        self.stats.accepted_total += sum(lens)
+        by_pos = self.stats.accepted_by_position
+        for j in range(T - 1):  # draft position j was accepted in every row that kept more than j + 1 tokens
+            by_pos[j] += sum(1 for n in lens if n > j + 1)
         if rec_e is not None:
             rec_e.requests = request_states(reqs, s, [x + T for x in s], [T] * bs)
             self.recorder.end_step(rec_e)
