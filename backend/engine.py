@@ -33,7 +33,7 @@ from .memory import PageAllocator, PageWrites, ReqToTokenPool, RequestKV
 from .model_runner import ModelRunner, request_states
 from .request import Request
 from .sampling import greedy_accept_device, rejection_accept_device, sample_device
-from .streams import Streams, nvtx
+from .streams import Streams, nvtx, nvtx_wanted
 
 
 @dataclass
@@ -93,7 +93,8 @@ class Engine:
         for runner in (self.target, self.draft):
             if runner is not None:
                 runner.compute_stream = self.streams.compute
-        self.nvtx = self.device.type == "cuda"
+        # NVTX ranges per phase when a profiler that reads them is attached (Nsight sets its injection variables).
+        self.nvtx = self.device.type == "cuda" and nvtx_wanted()
         dev, slots = self.device, cfg.batch_size + 1
         # Persistent device inputs the producers write and the plan stream reads.
         self.seq_lens_buf = torch.zeros(cfg.batch_size, dtype=torch.int32, device=dev)
