@@ -443,14 +443,15 @@ class Engine:
 
         # The one sync of the iteration: the scheduler needs the accepted tokens (and the trace the drafts).
         host = self._read(torch.cat([draft_mat.reshape(-1), committed.reshape(-1), accept_len]))
-        d_host = [host[b * N:(b + 1) * N] for b in range(bs)]
         c0, a0 = bs * N, bs * N + bs * T
         accepted = [host[c0 + b * T: c0 + b * T + host[a0 + b]] for b in range(bs)]
         for r, acc in zip(reqs, accepted, strict=True):
             r.commit(acc, self.iteration)
         s_after = [x + len(a) for x, a in zip(s, accepted, strict=True)]
         if rec_v is not None:
-            rec_v.requests = request_states(reqs, s, s_after, [T] * bs, d_host, accepted)
+            # Made when the step is resolved (under the next iteration's GPU work): nothing they read changes.
+            rec_v.requests = lambda: request_states(reqs, s, s_after, [T] * bs,
+                                                    [host[b * N:(b + 1) * N] for b in range(bs)], accepted)
             self.recorder.end_step(rec_v)
         lens = host[a0:a0 + bs]
         self.stats.verify_rows += bs
@@ -459,7 +460,7 @@ class Engine:
         for j in range(T - 1):  # draft position j was accepted in every row that kept more than j + 1 tokens
             by_pos[j] += sum(1 for n in lens if n > j + 1)
         if rec_e is not None:
-            rec_e.requests = request_states(reqs, s, [x + T for x in s], [T] * bs)
+            rec_e.requests = lambda: request_states(reqs, s, [x + T for x in s], [T] * bs)
             self.recorder.end_step(rec_e)
 
         # Commit: rejected draft slots past the new length go back to the allocator.
