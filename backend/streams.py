@@ -22,6 +22,10 @@ class Streams:
         self.plan_enabled = plan_stream
         self.compute: Any = torch.cuda.current_stream(device) if self.is_cuda else None
         self.plan: Any = torch.cuda.Stream(device) if (self.is_cuda and plan_stream) else None
+        # One event per edge, re-recorded each time: a wait takes the event's state when it is enqueued, and
+        # creating an event per wait (as Stream.wait_stream does) costs the host more than recording one.
+        self._producers = torch.cuda.Event() if self.is_cuda else None
+        self._plan_done = torch.cuda.Event() if self.plan is not None else None
 
     @contextlib.contextmanager
     def on_plan(self) -> Iterator[Any]:
@@ -33,10 +37,10 @@ class Streams:
             yield self.plan
 
     def record_event(self, stream: Any) -> Any:
-        """An event on `stream` (None on the CPU)."""
+        """The producers' event, recorded on `stream` now (None on the CPU); valid until the next call."""
         if not self.is_cuda:
             return None
-        ev = torch.cuda.Event()
+        ev = self._producers
         ev.record(stream)
         return ev
 
@@ -54,7 +58,8 @@ class Streams:
         if not self.plan_enabled:
             return False
         if self.plan is not None:
-            self.compute.wait_stream(self.plan)
+            self._plan_done.record(self.plan)
+            self.compute.wait_event(self._plan_done)
         return True
 
 
