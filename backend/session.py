@@ -8,8 +8,8 @@ import platform
 import socket
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -130,12 +130,29 @@ def _versions(dev: torch.device | None = None) -> dict[str, str]:
     return v
 
 
-def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, overwrite: bool = False,
-                progress: Callable[[int, int], None] | None = None, random_weights: bool = False,
-                control: ControlPoint | None = None, check: bool = True) -> SessionResult:
-    """Run `cfg` end to end, recording into `trace_path` (no trace when None); `control` lets a live viewer
-    pause the engine after each recorded step (backend/control.py); `check` runs the invariant catalogue beside
-    the writer (a separate process, tracer/live_check.py), so the trace carries its violations."""
+@dataclass
+class _Parts:
+    """What a session builds before its engine: the device's models, the workload, the kernels, the trace."""
+
+    cfg: EngineConfig
+    trace_path: str | None
+    target: Any
+    draft: Any
+    tcfg: Any
+    byte_level: bool
+    stops: frozenset[int]
+    requests: list[Request]
+    kernels: Any
+    device_name: str
+    writer: ProcessTraceWriter | None
+    recorder: Any
+    control: ControlPoint | None
+    engine: Engine | None = None
+
+
+def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwrite: bool, random_weights: bool,
+             control: ControlPoint | None, check: bool) -> _Parts:
+    """Device, models, the cfg's requests, kernels, writer and recorder: everything a run needs but the engine."""
     cfg.device = resolve_device(cfg.device)
     cfg.validate()
     dev = torch.device(cfg.device)
@@ -186,23 +203,129 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
             raise ConfigError(f"cannot record on {device_name}: {e} (--no-trace runs without recording)") from e
     if control is not None:
         recorder = ControlledRecorder(recorder, control)  # type: ignore[assignment]
-    engine = None
+    return _Parts(cfg, trace_path, target, draft, tcfg, byte_level, stops, requests, kernels, device_name, writer,
+                  recorder, control)
+
+
+@contextlib.contextmanager
+def _engine_scope(parts: _Parts) -> Iterator[Engine]:
+    """Build the engine (graph capture included); on the way out, close the trace and the control point, and
+    keep a dead CUDA context's tensors alive past a sticky CUDA error."""
     try:
-        engine = Engine(cfg, target, draft, kernels, recorder)
-        stats = engine.run(requests, progress)
-    except RunStopped:
-        stats = engine.stats if engine is not None else RunStats()  # the viewer stopped the run: a clean end
+        parts.engine = Engine(parts.cfg, parts.target, parts.draft, parts.kernels, parts.recorder)
+        yield parts.engine
     except BaseException as e:
         if is_sticky_cuda_error(e):
             # The CUDA context is dead: the engine's tensors (freed as the traceback's frames go) must outlive it.
-            keep_until_exit(e, engine, target, draft, kernels)
+            keep_until_exit(e, parts.engine, parts.target, parts.draft, parts.kernels)
         raise
     finally:
         # Everything recorded so far reaches the file even when the run fails part-way.
-        recorder.close()
-        if control is not None:
-            control.close()
-    cr = None if writer is None else writer.check_result
-    verdict = None if cr is None else (cr.checked_through, cr.num_errors, cr.num_warnings)
-    return SessionResult(stats, requests, trace_path, device_name, kernels.name, verdict)
+        parts.recorder.close()
+        if parts.control is not None:
+            parts.control.close()
 
+
+@dataclass
+class OpenSession:
+    """An engine built once (models, kernels, CUDA graphs, trace) that serves several workloads in turn."""
+
+    engine: Engine
+    requests: list[Request]  # the cfg's workload, as run_session serves it
+    device_name: str
+    kernels: str  # the attention kernels' name
+    trace_path: str | None
+    writer: ProcessTraceWriter | None
+    _parts: _Parts = field(repr=False)
+    _used_ids: set[int] = field(default_factory=set, repr=False)  # ids of the requests this engine has served
+    _next_id: int = field(default=0, repr=False)  # the next id fresh_requests hands out
+    _failed: bool = field(default=False, repr=False)  # a run raised or was stopped: its requests hold KV slots
+
+    @property
+    def stats(self) -> RunStats:
+        """The statistics of the latest (or current, or stopped) run."""
+        return self.engine.stats
+
+    def run(self, requests: list[Request], progress: Callable[[int, int], None] | None = None) -> RunStats:
+        """Serve `requests` to completion on this engine with a fresh RunStats, which is returned.
+
+        Arrivals count from the start of this run: each request's `arrival_iteration` is shifted (in place) by
+        the iterations the engine has already run, so the trace's iterations keep increasing. Request ids must be
+        new to this session (the trace keys requests by id; `fresh_requests` numbers them on). `iterations` of
+        the result counts this run's iterations only. After a run that raised (or was stopped), its requests still
+        hold slots and pages: the engine serves no further run."""
+        if self._failed:
+            raise RuntimeError("an earlier run on this engine did not finish; its requests still hold KV slots")
+        ids = [r.request_id for r in requests]
+        reused = sorted(set(ids) & self._used_ids) or sorted({i for i in ids if ids.count(i) > 1})
+        if reused:
+            raise ValueError(f"request id {reused[0]} was already served in this session (use fresh_requests)")
+        if any(r.output or r.kv is not None or r.finish_iteration is not None for r in requests):
+            raise ValueError("these requests were already served: make new ones (fresh_requests)")
+        engine = self.engine
+        start = engine.iteration
+        for r in requests:
+            r.arrival_iteration += start
+        self._used_ids.update(ids)
+        engine.stats = RunStats(accepted_by_position=[0] * engine.num_drafts)
+        self._failed = True  # until engine.run returns
+        stats = engine.run(requests, progress)
+        self._failed = False
+        stats.iterations = engine.iteration - start
+        return stats
+
+    def fresh_requests(self, seed: int) -> list[Request]:
+        """A workload of the cfg's shape (count, lengths, arrival gaps, stop tokens) drawn with `seed`, its ids
+        numbered after every id this session has handed out."""
+        p, cfg = self._parts, self._parts.cfg
+        reqs = make_requests(num_requests=cfg.num_requests, max_new_tokens=cfg.max_new_tokens, seed=seed,
+                             vocab_size=p.tcfg.vocab_size, byte_level=p.byte_level, prompt_len=cfg.prompt_len,
+                             arrival_gap=cfg.arrival_gap, stop_token_ids=p.stops)
+        first = max([self._next_id, *(r.request_id + 1 for r in self.requests), *(i + 1 for i in self._used_ids)])
+        for i, r in enumerate(reqs):
+            r.request_id = first + i
+        self._next_id = first + len(reqs)
+        return reqs
+
+
+@contextlib.contextmanager
+def _session(parts: _Parts) -> Iterator[OpenSession]:
+    """`parts` with its engine built, as an OpenSession; closed as `_engine_scope` closes."""
+    with _engine_scope(parts) as engine:
+        yield OpenSession(engine, parts.requests, parts.device_name, parts.kernels.name, parts.trace_path,
+                          parts.writer, parts)
+
+
+@contextlib.contextmanager
+def open_session(cfg: EngineConfig, trace_path: str | None, *, command: str, overwrite: bool = False,
+                 random_weights: bool = False, control: ControlPoint | None = None,
+                 check: bool = True) -> Iterator[OpenSession]:
+    """Build `cfg`'s engine once (device, models, the cfg's requests, kernels, trace writer, recorder, CUDA
+    graphs) and yield it as an OpenSession that runs workloads in turn; on exit the trace is closed (the live
+    checker's verdict is then on `writer.check_result`) and the control point hung up."""
+    parts = _prepare(cfg, trace_path, command=command, overwrite=overwrite, random_weights=random_weights,
+                     control=control, check=check)
+    with _session(parts) as session:
+        yield session
+
+
+def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, overwrite: bool = False,
+                progress: Callable[[int, int], None] | None = None, random_weights: bool = False,
+                control: ControlPoint | None = None, check: bool = True) -> SessionResult:
+    """Run `cfg` end to end, recording into `trace_path` (no trace when None); `control` lets a live viewer
+    pause the engine after each recorded step (backend/control.py); `check` runs the invariant catalogue beside
+    the writer (a separate process, tracer/live_check.py), so the trace carries its violations."""
+    parts = _prepare(cfg, trace_path, command=command, overwrite=overwrite, random_weights=random_weights,
+                     control=control, check=check)
+    # open_session's two halves, kept apart so a stop during graph capture still has the workload to report.
+    try:
+        with _session(parts) as session:
+            try:
+                stats = session.run(parts.requests, progress)
+            except RunStopped:
+                stats = session.stats  # the viewer stopped the run: a clean end
+    except RunStopped:
+        stats = RunStats()  # stopped during graph capture, before the engine was built: a clean end too
+    cr = None if parts.writer is None else parts.writer.check_result
+    verdict = None if cr is None else (cr.checked_through, cr.num_errors, cr.num_warnings)
+    return SessionResult(stats, parts.requests, trace_path, parts.device_name, parts.kernels.name, verdict)
