@@ -1,17 +1,26 @@
 """Tracer overhead on the GPU: iteration time traced / untraced, CUDA graphs and the plan stream on (target <= 1.02),
-with torch.profiler (CPU + CUDA activities) on the same engine as the anchor.
+with torch.profiler (CPU + CUDA activities) on an untraced engine as the anchor.
 
-Each cell (model pair, batch size) runs the same workload (every request arrives at once, fixed length, EOS
-ignored) in three arms, rotated in every repeat (off, on, profiler; then profiler, on, off; ...): no trace,
-specscope's trace, and no trace under torch.profiler. Per run: the median wall time of steady iterations (the
-whole batch decoding, no prefill, the first 3 dropped). Per repeat: the ratios on / off and profiler / off of
-runs made back to back. Per cell: median and min-max of those ratios (single pairs vary +-25 % on shared
-machines, so read the median). Models are loaded once per pair (benchmarks/engine_speed.py's Bench).
+Each cell (model pair, batch size) builds three engines once (backend/session.py open_session; graph capture
+included), sharing one copy of the model weights (benchmarks/engine_speed.py's Bench loads each model once): "off"
+(no trace), "on" (specscope's trace into a temporary file, with the live checker), and "profiler" (no trace; each of
+its rounds runs under torch.profiler). Then `--rounds` rounds: a round runs one whole workload (every request
+arrives at once, fixed length, EOS ignored; the same prompts in every round and arm) on each engine in turn, the
+order alternating (off, on, profiler; then profiler, on, off; ...), each run followed by a device synchronize.
+Per arm and round: the median wall time of steady iterations (the whole batch decoding, no prefill, the first 3
+dropped). The first round of each arm is warm-up and dropped. Per measured round: the ratios on / off and
+profiler / off of that round's runs, seconds apart. Per cell: median [min–max] of those round ratios (the verdict
+takes the median), the ratio of the arms' medians over all measured rounds, and each arm's median [min–max] wall.
+After each traced run its recorder and trace writer are flushed (outside the timed iterations), so the trace's
+backlog does not run into the next arm's run; the live checker is a separate process and may still be catching up.
 
-    python benchmarks/tracer_overhead.py                       # tiny and the 8B shape, bs 1/16/64, 5 repeats
+    python benchmarks/tracer_overhead.py                       # tiny and the 8B shape, bs 1/16/64, 15 rounds
+    python benchmarks/tracer_overhead.py --quick --rounds 7    # shorter requests, fewer rounds
     SPECSCOPE_SNAPSHOT_RING=0 python benchmarks/tracer_overhead.py --models tiny   # the per-step host copies
+    python benchmarks/tracer_overhead.py --cpu --quick --models tiny --batch-sizes 1,4 --rounds 5 --out /tmp/t.json
+                                                               # a CPU dry run of the harness (numbers meaningless)
 
-Writes benchmarks/results/tracer_overhead.json and .md (GPU, versions, date, command inside).
+Writes benchmarks/results/tracer_overhead.json and .md (GPU, versions, date, command inside) after every cell.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import json
 import os
 import shlex
@@ -26,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,51 +46,127 @@ from engine_speed import Bench, BenchError, Preset, load_torch, presets, steady,
 
 TARGET = 1.02
 ARMS = ("off", "on", "profiler")
+WARMUP_ROUNDS = 1  # per arm: the first round is dropped
+COMMAND = "benchmarks/tracer_overhead.py"
 
 
-def run_arm(bench: Bench, p: Preset, bs: int, arm: str, plan_stream: bool, tmp: str) -> float:
-    """One engine run in `arm`; returns the median wall ms of its steady iterations."""
+def order(i: int) -> tuple[str, ...]:
+    """The arms' order in round `i`: off, on, profiler, then reversed, alternating (every arm sits at the same
+    mean position over two rounds)."""
+    return ARMS if i % 2 == 0 else tuple(reversed(ARMS))
+
+
+def cell_config(bench: Bench, p: Preset, bs: int, plan_stream: bool) -> Any:
+    """The cell's engine settings: bs requests arriving at once, fixed length (EOS ignored), graphs for bs."""
     from specscope.backend.engine_config import EngineConfig
 
-    torch = bench.torch
+    return EngineConfig(model=p.model, draft=p.draft, device=bench.device, dtype=bench.dtype, batch_size=bs,
+                        num_requests=bs, max_new_tokens=p.new_tokens, spec_steps=bench.spec_steps, page_size=64,
+                        cuda_graph=True, plan_stream=plan_stream, seed=0, prompt_len=p.prompt, arrival_gap=(0, 0),
+                        ignore_eos=True, graph_batch_sizes=(bs,))
+
+
+@contextlib.contextmanager
+def open_arms(bench: Bench, p: Preset, bs: int, plan_stream: bool, tmp: str) -> Iterator[dict[str, Any]]:
+    """The three engines of a cell, built once (off, on, profiler), sharing the cached model weights; on exit
+    they are closed (the trace with its live checker's verdict) and the trace file removed."""
     bench._arm = "fused"  # the engine's default ops (flashinfer's fused kernels where they exist)
-    cfg = EngineConfig(model=p.model, draft=p.draft, device=bench.device, dtype=bench.dtype, batch_size=bs,
-                       num_requests=bs, max_new_tokens=p.new_tokens, spec_steps=bench.spec_steps, page_size=64,
-                       cuda_graph=True, plan_stream=plan_stream, seed=0, prompt_len=p.prompt, arrival_gap=(0, 0),
-                       ignore_eos=True, graph_batch_sizes=(bs,))
-    path = os.path.join(tmp, f"{arm}-{time.perf_counter_ns()}.db") if arm == "on" else None
+    bench._loaded = []
+    path = os.path.join(tmp, f"on-{Path(p.model).name}-bs{bs}.db")
+    pinned: list[Any] = []
+    try:
+        with contextlib.ExitStack() as stack:
+            arms: dict[str, Any] = {}
+            for arm in ARMS:
+                arms[arm] = stack.enter_context(bench.session.open_session(
+                    cell_config(bench, p, bs, plan_stream), path if arm == "on" else None, command=COMMAND,
+                    overwrite=True, random_weights=p.random_weights, check=True))
+                # The cached loader calls set_ops on every load, which drops the model's op objects (flashinfer's
+                # RoPE table among them) while the graphs an earlier engine captured still read their tensors.
+                pinned += [dict(m._ops) for m in bench._loaded]
+            yield arms
+    finally:
+        pinned.clear()
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def run_round(bench: Bench, s: Any, arm: str, bs: int, seed: int) -> tuple[float, float | None, list[list[int]]]:
+    """One whole workload on engine `s` in `arm`; returns the median wall ms of its steady iterations, for the
+    traced arm the ms its trace flush took afterwards (untimed), and the requests' outputs."""
+    torch = bench.torch
+    cuda = bench.device == "cuda"
     prof = None
     if arm == "profiler":
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                  torch.profiler.ProfilerActivity.CUDA])
+        acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        prof = torch.profiler.profile(activities=acts)
     with prof if prof is not None else contextlib.nullcontext():
-        res = bench.session.run_session(cfg, path, command="benchmarks/tracer_overhead.py",
-                                        random_weights=p.random_weights)
-        if bench.device == "cuda":
+        reqs = s.fresh_requests(seed)
+        stats = s.run(reqs)
+        if cuda:
             torch.cuda.synchronize()
-    if path:
-        os.remove(path)
-    idx = steady(res.stats, bs)
+    flush_ms = None
+    if s.writer is not None:
+        t = time.perf_counter()
+        s.engine.recorder.flush_pending()
+        s.writer.flush()
+        flush_ms = (time.perf_counter() - t) * 1e3
+    idx = steady(stats, bs)
     if not idx:
-        raise BenchError(f"{p.label} bs {bs}: no steady iterations (raise the request length)")
-    return statistics.median(res.stats.iteration_s[i] * 1e3 for i in idx)
+        raise BenchError(f"bs {bs} ({arm}): no steady iterations (raise the request length)")
+    return statistics.median(stats.iteration_s[i] * 1e3 for i in idx), flush_ms, [r.output for r in reqs]
 
 
-def run_cell(bench: Bench, p: Preset, bs: int, repeats: int, plan_stream: bool, tmp: str) -> dict[str, Any]:
-    """`repeats` rotations of the three arms; ratios are taken within a repeat."""
-    runs: dict[str, list[float]] = {a: [] for a in ARMS}
-    ratio_on, ratio_prof = [], []
-    for i in range(repeats):
-        order = ARMS if i % 2 == 0 else tuple(reversed(ARMS))
-        got = {a: run_arm(bench, p, bs, a, plan_stream, tmp) for a in order}
-        for a in ARMS:
-            runs[a].append(got[a])
-        ratio_on.append(got["on"] / got["off"])
-        ratio_prof.append(got["profiler"] / got["off"])
-    return dict(model=p.label, batch_size=bs, plan_stream=plan_stream, repeats=repeats,
-                wall_ms={a: summarize(v) for a, v in runs.items()}, run_ms=runs,
-                ratio_traced=summarize(ratio_on), ratio_profiler=summarize(ratio_prof),
-                meets_target=statistics.median(ratio_on) <= TARGET)
+def _check_ops(bench: Bench) -> str:
+    """The op set the loaded models ran; a BenchError unless it is the device's fused set."""
+    torch = bench.torch
+    dev = torch.device("cuda", torch.cuda.current_device()) if bench.device == "cuda" else torch.device("cpu")
+    ops = {m.ops_name(dev) for m in bench._loaded}
+    if ops != {bench.fused_ops}:
+        raise BenchError(f"the engines ran ops {sorted(ops)} (want {bench.fused_ops})")
+    return bench.fused_ops
+
+
+def run_cell(bench: Bench, p: Preset, bs: int, rounds: int, plan_stream: bool, tmp: str) -> dict[str, Any]:
+    """Three engines built once, `rounds` alternating rounds on them; ratios are taken within a round."""
+    if rounds <= WARMUP_ROUNDS:
+        raise BenchError(f"--rounds must be more than the {WARMUP_ROUNDS} warm-up round")
+    walls: dict[str, list[float]] = {a: [] for a in ARMS}
+    flush: list[float] = []
+    # Every run's tokens: one workload on engines sharing weights, so the same greedy outputs are expected (a
+    # diagnostic, not a verdict: a difference would point at an engine reading state it does not own).
+    outputs: list[list[list[int]]] = []
+    with open_arms(bench, p, bs, plan_stream, tmp) as arms:
+        for i in range(rounds):
+            for arm in order(i):
+                wall, f, out = run_round(bench, arms[arm], arm, bs, seed=0)
+                walls[arm].append(wall)
+                outputs.append(out)
+                if f is not None:
+                    flush.append(f)
+        ops = _check_ops(bench)
+        writer = arms["on"].writer
+    # Leaving open_arms closed the trace: the live checker's verdict on every traced round is in.
+    cr = writer.check_result if writer is not None else None
+    del arms, writer
+    gc.collect()
+    if bench.device == "cuda":
+        bench.torch.cuda.empty_cache()
+    warm = {a: v[:WARMUP_ROUNDS] for a, v in walls.items()}
+    runs = {a: v[WARMUP_ROUNDS:] for a, v in walls.items()}
+    ratio_on = [on / off for on, off in zip(runs["on"], runs["off"], strict=True)]
+    ratio_prof = [pr / off for pr, off in zip(runs["profiler"], runs["off"], strict=True)]
+    med = {a: statistics.median(v) for a, v in runs.items()}
+    return dict(model=p.label, batch_size=bs, plan_stream=plan_stream, rounds=rounds, warmup_rounds=WARMUP_ROUNDS,
+                repeats=len(ratio_on), wall_ms={a: summarize(v) for a, v in runs.items()}, run_ms=runs,
+                warmup_ms=warm, ratio_traced=summarize(ratio_on), ratio_profiler=summarize(ratio_prof),
+                round_ratios=dict(traced=ratio_on, profiler=ratio_prof),
+                ratio_of_medians=dict(traced=med["on"] / med["off"], profiler=med["profiler"] / med["off"]),
+                trace_flush_ms=summarize(flush[WARMUP_ROUNDS:]) if len(flush) > WARMUP_ROUNDS else None,
+                trace_check=None if cr is None else dict(checked_through=cr.checked_through, errors=cr.num_errors,
+                                                         warnings=cr.num_warnings),
+                outputs_identical=all(o == outputs[0] for o in outputs),
+                meets_target=statistics.median(ratio_on) <= TARGET, ops=ops)
 
 
 def _fmt(s: dict[str, float], prec: int = 3) -> str:
@@ -89,34 +176,52 @@ def _fmt(s: dict[str, float], prec: int = 3) -> str:
 def markdown(doc: dict[str, Any]) -> str:
     """The results as a markdown table with the provenance above it."""
     v = doc["versions"]
+    acts = "CPU only: a CPU dry run" if doc.get("cpu_dry_run") else "CPU + CUDA"
     out = ["# Tracer overhead (`benchmarks/tracer_overhead.py`)", "",
            f"- GPU: {doc['gpu']} (SM {doc['capability']}), {doc['date']}",
            f"- versions: torch {v.get('torch')}, CUDA {v.get('cuda')}, flashinfer {v.get('flashinfer')}, "
            f"Python {v.get('python')}, specscope commit {v.get('git_commit')}",
            f"- command: `{doc['command']}`; SPECSCOPE_SNAPSHOT_RING={doc['snapshot_ring_env'] or '(unset: on)'}",
-           f"- CUDA graphs on, plan stream {'on' if doc['plan_stream'] else 'off'}, {doc['spec_steps']} draft steps; "
-           f"{doc['repeats']} rotations of off / traced / torch.profiler (CPU + CUDA) per cell; ratio = arm / off "
-           "within a rotation, median [min–max]; wall = median of steady iterations per run.",
+           f"- CUDA graphs on, plan stream {'on' if doc['plan_stream'] else 'off'}, {doc['spec_steps']} draft steps. "
+           "Per cell three engines are built once and share the model weights: untraced, traced (live checker on) "
+           f"and untraced under torch.profiler ({acts}). "
+           f"{doc['rounds']} rounds; a round runs the same whole workload (bs requests at once, fixed length, EOS "
+           "ignored) on each engine, in alternating order (off, on, profiler / profiler, on, off), each run "
+           "followed by a device synchronize; after a traced run the trace is flushed, untimed.",
+           f"- wall = median of a run's steady iterations (whole batch decoding, no prefill, first 3 dropped); the "
+           f"first {doc['warmup_rounds']} round(s) of each arm are warm-up and dropped, so {doc['repeats']} rounds "
+           "are measured. Wall columns: median [min–max] over those rounds.",
+           "- round ratio = arm / untraced within one round; the ratio columns give median [min–max] of the round "
+           "ratios (the verdict uses the median), then the ratio of the arms' medians over all measured rounds.",
+           "- live check: the traced engine's live checker over every traced round; same tokens: every run of the "
+           "cell (all arms and rounds, one workload) generated the same outputs.",
            f"- target (issue 12): traced / untraced ≤ {TARGET}.", "",
-           "| model | bs | untraced ms | traced ms | profiler ms | traced / untraced | profiler / untraced | ≤ 1.02 |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| model | bs | untraced ms | traced ms | profiler ms | traced / untraced: rounds | of medians "
+           "| profiler / untraced: rounds | of medians | ≤ 1.02 | live check | same tokens |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
-        w = r["wall_ms"]
-        out.append(f"| {r['model']} | {r['batch_size']} | {w['off']['median']:.2f} | {w['on']['median']:.2f} | "
-                   f"{w['profiler']['median']:.2f} | {_fmt(r['ratio_traced'])} | {_fmt(r['ratio_profiler'])} | "
-                   f"{'yes' if r['meets_target'] else '**no**'} |")
+        w, rom, tc = r["wall_ms"], r["ratio_of_medians"], r.get("trace_check")
+        check = "—" if tc is None else f"{tc['errors']} errors, {tc['warnings']} warnings"
+        out.append(f"| {r['model']} | {r['batch_size']} | {_fmt(w['off'], 2)} | {_fmt(w['on'], 2)} | "
+                   f"{_fmt(w['profiler'], 2)} | {_fmt(r['ratio_traced'])} | {rom['traced']:.3f} | "
+                   f"{_fmt(r['ratio_profiler'])} | {rom['profiler']:.3f} | "
+                   f"{'yes' if r['meets_target'] else '**no**'} | {check} | "
+                   f"{'yes' if r['outputs_identical'] else '**no**'} |")
     out.append("")
     return "\n".join(out)
 
 
 def write(args: argparse.Namespace, argv: list[str], torch: Any, rows: list[dict[str, Any]], t0: float) -> None:
     """The JSON and markdown results of the cells measured so far."""
-    doc = dict(benchmark="tracer_overhead", target_ratio=TARGET, gpu=torch.cuda.get_device_name(),
-               capability=".".join(map(str, torch.cuda.get_device_capability())), versions=versions(torch),
+    cuda = not args.cpu
+    doc = dict(benchmark="tracer_overhead", target_ratio=TARGET, gpu=torch.cuda.get_device_name() if cuda else "cpu",
+               capability=".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
+               versions=versions(torch),
                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-               command="python benchmarks/tracer_overhead.py " + shlex.join(argv), repeats=args.repeats,
+               command="python benchmarks/tracer_overhead.py " + shlex.join(argv), rounds=args.rounds,
+               warmup_rounds=WARMUP_ROUNDS, repeats=args.rounds - WARMUP_ROUNDS,
                plan_stream=not args.no_plan_stream, spec_steps=args.spec_steps, quick=args.quick,
-               snapshot_ring_env=os.environ.get("SPECSCOPE_SNAPSHOT_RING"),
+               cpu_dry_run=args.cpu, snapshot_ring_env=os.environ.get("SPECSCOPE_SNAPSHOT_RING"),
                seconds=round(time.perf_counter() - t0, 1), rows=rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -124,32 +229,65 @@ def write(args: argparse.Namespace, argv: list[str], torch: Any, rows: list[dict
     out.with_suffix(".md").write_text(markdown(doc))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the cells and write the results; returns the exit status."""
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Command line (torch-free, so --help works anywhere)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[2:]))
     ap.add_argument("--models", default="tiny,llama3-8b", help="comma list of: tiny, llama3-8b")
     ap.add_argument("--batch-sizes", default="1,16,64")
-    ap.add_argument("--repeats", type=int, default=5, help="rotations of the three arms per cell (>= 5)")
+    ap.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=15,
+                    help=f"rounds per cell, each running every arm once (>= 5; the first {WARMUP_ROUNDS} is "
+                         "warm-up). --repeats is the old name")
     ap.add_argument("--no-plan-stream", action="store_true", help="plan stream off (it is on by default)")
     ap.add_argument("--spec-steps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="shorter requests (engine_speed's quick presets)")
-    ap.add_argument("--out", default=str(HERE / "results" / "tracer_overhead.json"))
+    ap.add_argument("--cpu", action="store_true",
+                    help="a CPU dry run of the harness (float32, fused-torch ops; needs --out, numbers meaningless)")
+    ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/tracer_overhead.json)")
     args = ap.parse_args(argv)
+    if args.rounds < 5:
+        ap.error(f"--rounds must be at least 5, got {args.rounds}")
+    if args.cpu and args.out is None:
+        ap.error("--cpu needs --out (a dry run must not overwrite the GPU results)")
+    args.out = args.out or str(HERE / "results" / "tracer_overhead.json")
     try:
-        torch = load_torch()
+        args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        ap.error(f"--batch-sizes must be a comma list of integers, got {args.batch_sizes!r}")
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in presets(False)]
+    if unknown:
+        ap.error(f"unknown model preset {unknown[0]!r} (use tiny, llama3-8b)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the cells and write the results; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    try:
+        if args.cpu:
+            import torch
+        else:
+            torch = load_torch()
         bench = Bench(torch, args.spec_steps)
+        if args.cpu:
+            bench.device, bench.dtype, bench.fused_setting, bench.fused_ops = "cpu", "float32", "fused-torch", \
+                "fused-torch"
         table = presets(args.quick)
         rows: list[dict[str, Any]] = []
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
-            for name in args.models.split(","):
+            for name in args.models:
                 p = table[name]
-                for bs in [int(b) for b in args.batch_sizes.split(",")]:
-                    row = run_cell(bench, p, bs, args.repeats, not args.no_plan_stream, tmp)
+                for bs in args.batch_sizes:
+                    row = run_cell(bench, p, bs, args.rounds, not args.no_plan_stream, tmp)
                     rows.append(row)
+                    rom = row["ratio_of_medians"]
                     print(f"{p.label[:26]:26s} bs {bs:3d}  off {row['wall_ms']['off']['median']:7.3f} ms  "
-                          f"traced {_fmt(row['ratio_traced'])}  profiler {_fmt(row['ratio_profiler'])}", flush=True)
+                          f"traced {_fmt(row['ratio_traced'])} (of medians {rom['traced']:.3f})  "
+                          f"profiler {_fmt(row['ratio_profiler'])} (of medians {rom['profiler']:.3f})", flush=True)
                     write(args, argv, torch, rows, t0)  # after every cell: a time limit keeps what was measured
                 bench.drop_models()
     except BenchError as e:
