@@ -243,6 +243,7 @@ class LlamaForCausalLM(nn.Module):
         self.attention_layers: list[AttentionLayer] = [layer.self_attn.layer for layer in self.model.layers]
         self._ops_setting: str | None = None  # None: $SPECSCOPE_FUSED_OPS (auto when unset)
         self._ops: dict[torch.device, Ops | None] = {}  # per device; None = the plain path
+        self._retired_ops: list[dict[torch.device, Ops | None]] = []  # replaced op sets captured graphs may read
 
     # ---- op selection ------------------------------------------------------------------------------------
     def set_ops(self, setting: str | None) -> None:
@@ -251,6 +252,10 @@ class LlamaForCausalLM(nn.Module):
         Takes effect at the next forward; CUDA graphs already captured keep the ops they were captured with."""
         if setting is not None:
             fused_ops.check_setting(setting)
+        if setting is not None and setting == self._ops_setting:
+            return  # None re-reads $SPECSCOPE_FUSED_OPS, which may have changed
+        # Graphs captured with the old ops read their buffers (the RoPE table) on every replay: keep them alive.
+        self._retired_ops.append(self._ops)
         self._ops_setting = setting
         self._ops = {}
 

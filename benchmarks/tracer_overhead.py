@@ -73,7 +73,6 @@ def open_arms(bench: Bench, p: Preset, bs: int, plan_stream: bool, tmp: str) -> 
     bench._arm = "fused"  # the engine's default ops (flashinfer's fused kernels where they exist)
     bench._loaded = []
     path = os.path.join(tmp, f"on-{Path(p.model).name}-bs{bs}.db")
-    pinned: list[Any] = []
     try:
         with contextlib.ExitStack() as stack:
             arms: dict[str, Any] = {}
@@ -81,12 +80,8 @@ def open_arms(bench: Bench, p: Preset, bs: int, plan_stream: bool, tmp: str) -> 
                 arms[arm] = stack.enter_context(bench.session.open_session(
                     cell_config(bench, p, bs, plan_stream), path if arm == "on" else None, command=COMMAND,
                     overwrite=True, random_weights=p.random_weights, check=True))
-                # The cached loader calls set_ops on every load, which drops the model's op objects (flashinfer's
-                # RoPE table among them) while the graphs an earlier engine captured still read their tensors.
-                pinned += [dict(m._ops) for m in bench._loaded]
             yield arms
     finally:
-        pinned.clear()
         with contextlib.suppress(OSError):
             os.remove(path)
 

@@ -198,3 +198,17 @@ def test_engine_on_cpu_fused_structure_equals_plain(tmp_path, monkeypatch: pytes
         outputs[setting] = {r.request_id: r.output for r in res.requests}
     assert outputs["0"] == outputs["fused-torch"]
     assert all(len(v) == 16 or v[-1] == 0 for v in outputs["0"].values())
+
+
+def test_set_ops_keeps_the_op_sets_that_captured_graphs_read() -> None:
+    """Graphs captured with an op set read its tensors (the RoPE table) on every replay: re-selecting ops must
+    neither drop the set in use when the setting is unchanged nor free a replaced one."""
+    model = small_model(QWEN2, seed=5)
+    model.set_ops("fused-torch")
+    run_chunks(model, torch.arange(5), [5])
+    in_use = model._ops
+    assert in_use, "the forward made no op set"
+    model.set_ops("fused-torch")
+    assert model._ops is in_use
+    model.set_ops("plain")
+    assert any(kept is in_use for kept in model._retired_ops)
