@@ -31,7 +31,8 @@ def capture_ladder(max_bs: int) -> list[int]:
 class _Captured:
     graph: torch.cuda.CUDAGraph | None
     logits: torch.Tensor | None  # static output buffer (GPU); None on the CPU
-    packed: torch.Tensor | None  # static snapshot buffer the graph refills on each replay (GPU, tracing)
+    packed: torch.Tensor | None  # static snapshot buffer the graph refills on each replay (GPU, tracing, no ring)
+    ring_len: int = 0  # values each replay writes into its snapshot-ring row (tracing with a ring)
 
 
 class GraphRunner:
@@ -43,7 +44,7 @@ class GraphRunner:
         backend: TRTLLMHABackend, template: ForwardBatch, max_bs: int, tokens_per_req: int,
         device: torch.device, pad_seq_len_from_live: bool = False,
         pack: Callable[[ForwardBatch], torch.Tensor] | None = None, ladder: list[int] | None = None,
-        ring: Any = None, stamps: Any = None,
+        ring: Any = None, stamps: Any = None, ring_write: Callable[[ForwardBatch], int] | None = None,
     ) -> None:
         self.name = name
         self.mode = mode
@@ -57,6 +58,9 @@ class GraphRunner:
         self.pad_seq_len_from_live = pad_seq_len_from_live  # fault `padded-row-seqlen`
         self.pack = pack  # the recorder's snapshot, computed inside the graph when tracing
         self.ring = ring if pack is not None else None  # tracer.recorder.SnapshotRing the graph writes it into
+        # Writes the snapshot straight into the ring's current row and returns its length (one kernel on a GPU,
+        # tracer.ring_pack); without it the graph packs with `pack` and copies the result into the row.
+        self.ring_write = ring_write if self.ring is not None else None
         # tracer.stamps.StampRing of the compute stream: when tracing, each replay stamps its first and last node
         # itself (the recorder numbers the two stamps, `Recorder.graph_span`).
         self.stamps = stamps if pack is not None else None
@@ -154,13 +158,22 @@ class GraphRunner:
             if self.stamps is not None:
                 self.stamps.launch(capturing)  # the replay's start: its first node
             logits = self.forward(fb.input_ids, fb.positions, fb)
-            packed = self.pack(fb) if self.pack is not None else None
-            if self.ring is not None and packed is not None:
-                self.ring.write(packed)  # the replay's snapshot goes to the ring row the device index names
+            packed, ring_len = self._snapshot(fb)  # into the ring row the device index names, with a ring
             if self.stamps is not None:
                 self.stamps.launch(capturing)  # and its end: the last node
-        self.captured[bs] = _Captured(graph, logits, packed)
+        self.captured[bs] = _Captured(graph, logits, packed, ring_len)
         return fb
+
+    def _snapshot(self, fb: ForwardBatch) -> tuple[torch.Tensor | None, int]:
+        """The replay's snapshot (device ops only: captured): written into the snapshot ring's current row, which
+        returns (None, its length); without a ring the packed int64 tensor and 0; (None, 0) when not tracing."""
+        if self.ring_write is not None:
+            return None, self.ring_write(fb)
+        packed = self.pack(fb) if self.pack is not None else None
+        if self.ring is not None and packed is not None:
+            self.ring.write(packed)
+            return None, packed.numel()
+        return packed, 0
 
     def replay_prepare(self, live: ForwardBatch) -> ForwardBatch:
         """Copy the live batch into the static buffers, pad, and refresh metadata (the plan-stream half)."""
@@ -201,23 +214,18 @@ class GraphRunner:
         snapshot when tracing without a ring, the number of values written into the snapshot ring when with)."""
         cap = self.captured[fb.batch_size]
         if cap.graph is not None:
-            cap.graph.replay()  # its snapshot, when tracing, is in cap.packed and (with a ring) in a ring row
-            logits, packed = cap.logits[:raw_num_tokens], cap.packed
-        else:
-            if self.stamps is not None:
-                self.stamps.launch()  # the emulated graph stamps where the captured one does
-            try:
-                logits = self.forward(fb.input_ids, fb.positions, fb)[:raw_num_tokens]
-                packed = self.pack(fb) if self.pack is not None else None
-                if self.ring is not None and packed is not None:
-                    self.ring.write(packed)  # the emulated graph writes the ring as the captured one does
-            except Exception:
-                if self.stamps is not None:  # a kernel refused its arguments: keep the ring's numbering in step
-                    self.stamps.launch()
-                    self.stamps.claim(2)
-                raise
-            if self.stamps is not None:
+            cap.graph.replay()  # its snapshot, when tracing, is in cap.packed or (with a ring) in a ring row
+            return cap.logits[:raw_num_tokens], cap.packed, cap.ring_len
+        if self.stamps is not None:
+            self.stamps.launch()  # the emulated graph stamps where the captured one does
+        try:
+            logits = self.forward(fb.input_ids, fb.positions, fb)[:raw_num_tokens]
+            packed, ring_len = self._snapshot(fb)  # the emulated graph writes the ring as the captured one does
+        except Exception:
+            if self.stamps is not None:  # a kernel refused its arguments: keep the ring's numbering in step
                 self.stamps.launch()
-        if self.ring is not None and packed is not None:
-            return logits, None, packed.numel()
-        return logits, packed, 0
+                self.stamps.claim(2)
+            raise
+        if self.stamps is not None:
+            self.stamps.launch()
+        return logits, packed, ring_len

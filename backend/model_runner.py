@@ -89,7 +89,8 @@ class ModelRunner:
                 template=_with(template, mode, step_id, backend), max_bs=max_bs, tokens_per_req=tpr,
                 device=self.device, pad_seq_len_from_live="padded-row-seqlen" in self.faults,
                 pack=(lambda fb, be=backend: self.pack_snapshot(be, fb)) if self.recorder.enabled else None,
-                ladder=ladder, ring=getattr(self.recorder, "ring", None), stamps=self.recorder.compute_stamps)
+                ladder=ladder, ring=getattr(self.recorder, "ring", None), stamps=self.recorder.compute_stamps,
+                ring_write=lambda fb, be=backend: self.write_snapshot_row(be, fb))
             self.runners[(mode, step_id)] = runner
             # Largest batch first, as SGLang captures: smaller graphs reuse the memory pool the largest allocated.
             for bs in reversed(runner.ladder):
@@ -244,6 +245,19 @@ class ModelRunner:
         starts = self.r2t.req_to_token[fb.req_pool_indices[:, None], cols]
         tensors = [t for _, t in self._metadata_tensors(backend, fb)] + [starts]
         return torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])
+
+    def write_snapshot_row(self, backend: TRTLLMHABackend, fb: ForwardBatch) -> int:
+        """Write `pack_snapshot`'s values into the recorder's snapshot ring (its current row; device ops only, so a
+        graph captures them) and return their number: one kernel where the ring has a packer (GPU with Triton),
+        else the torch pack and a row copy."""
+        ring = self.recorder.ring  # type: ignore[union-attr]
+        if ring.packer is None:
+            packed = self.pack_snapshot(backend, fb)
+            ring.write(packed)
+            return packed.numel()
+        parts = [t.reshape(-1) for _, t in self._metadata_tensors(backend, fb)]
+        return ring.packer.write(parts, self.r2t.req_to_token, fb.req_pool_indices,
+                                 backend.forward_metadata.page_table.shape[1], self.page_size)
 
     def record_snapshot(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch,
                         packed: torch.Tensor | None, ring_len: int = 0) -> None:

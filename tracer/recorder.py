@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .process_writer import ProcessTraceWriter
+from .ring_pack import RingPacker, fused_wanted
 from .schema import CallError, ForwardMode, GraphPhase, RequestRecord, StreamWait
 from .stamps import DrainedRing, StampClock, StampRing
 
@@ -597,6 +598,14 @@ class SnapshotRing(DrainedRing):
         self.index = torch.zeros(1, dtype=torch.int64, device=device)
         # A host copy apart from the device rows on the CPU too: only a drain overwrites a host row, as on a GPU.
         self.host = torch.zeros(rows, width, dtype=torch.int64, pin_memory=self.is_cuda)
+        # One kernel per replay's row instead of the torch pack's dozen nodes (GPU with Triton; tracer.ring_pack).
+        self.packer: RingPacker | None = None
+        if fused_wanted(device):
+            try:
+                self.packer = RingPacker(self.dev, self.index)
+            except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: the torch pack records the same
+                print(f"specscope: the one-kernel snapshot pack is unavailable ({type(e).__name__}: {e}); "
+                      "replays pack with torch ops", file=sys.stderr)
 
     def write(self, packed: torch.Tensor) -> None:
         """Store `packed` int64 `[n]` in the current row and advance the index (device ops only: captured)."""

@@ -6,14 +6,15 @@ import json
 import subprocess
 import sys
 
-# Every module under specscope.ui and specscope.tracer (except the recorder and its device stamps, which run beside the
-# engine) is found with pkgutil, so modules added later are covered without editing this test.
+# Every module under specscope.ui and specscope.tracer (except the recorder, its device stamps and ring packer, which
+# run beside the engine) is found with pkgutil, so modules added later are covered without editing this test.
 PROBE = r"""
 import importlib, json, pkgutil, sys
 import specscope.tracer, specscope.ui
 OPTIONAL = {"textual", "dash", "plotly"}  # UI extras; CI installs them, a bare checkout may not
 done, skipped = [], []
-for pkg, skip in ((specscope.ui, set()), (specscope.tracer, {"specscope.tracer.recorder", "specscope.tracer.stamps"})):
+for pkg, skip in ((specscope.ui, set()), (specscope.tracer, {"specscope.tracer.recorder", "specscope.tracer.stamps",
+                                                       "specscope.tracer.ring_pack"})):
     for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
         if m.name in skip:
             continue

@@ -1,0 +1,125 @@
+"""A graph replay's snapshot written into its SnapshotRing row by one kernel (GPU, Triton).
+
+The torch way to record a replay's metadata inside the graph is about a dozen small nodes: a cast per int32 tensor,
+the page-start gather, a cat, the row copy at the device index, and two ops advancing the index. Each node costs
+the replay a few µs of GPU time, on every replay of every graph. `RingPacker` does the same in one single-block
+kernel: it reads the row index, writes every part (widened to int64, in order) and the page starts of the live
+requests (`req_to_token[rpi[b], c * page_size]`), then advances the index. The values and their order are those of
+`torch.cat([t.reshape(-1).to(torch.int64) for t in parts] + [starts])`, which the CPU path (and any host without
+Triton) still runs, and which `tests/gpu/test_ring_pack_gpu.py` compares it with.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+NUM_PARTS = 8  # the metadata tensors ModelRunner records: 5 int32 then 3 int64 in the torch path's order
+_BLOCK = 1024
+_kernel: Any = None
+
+
+def _build() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _copy(dst, src, n, BLOCK: tl.constexpr):
+        for start in range(0, n, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            m = offs < n
+            tl.store(dst + offs, tl.load(src + offs, mask=m).to(tl.int64), mask=m)
+
+    # Lengths and strides vary per graph size: not specialized, so one compile (at warm-up) serves every capture.
+    @triton.jit(do_not_specialize=["rows", "width", "n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7", "r2t_stride",
+                                   "bs", "cols", "page_size"])
+    def ring_pack(ring, index, rows, width, p0, n0, p1, n1, p2, n2, p3, n3, p4, n4, p5, n5, p6, n6, p7, n7,
+                  r2t, r2t_stride, rpi, bs, cols, page_size, BLOCK: tl.constexpr):
+        idx = tl.load(index)
+        dst = ring + idx * width
+        _copy(dst, p0, n0, BLOCK)
+        dst += n0
+        _copy(dst, p1, n1, BLOCK)
+        dst += n1
+        _copy(dst, p2, n2, BLOCK)
+        dst += n2
+        _copy(dst, p3, n3, BLOCK)
+        dst += n3
+        _copy(dst, p4, n4, BLOCK)
+        dst += n4
+        _copy(dst, p5, n5, BLOCK)
+        dst += n5
+        _copy(dst, p6, n6, BLOCK)
+        dst += n6
+        _copy(dst, p7, n7, BLOCK)
+        dst += n7
+        total = bs * cols
+        for start in range(0, total, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            m = offs < total
+            slot = tl.load(rpi + offs // cols, mask=m, other=0).to(tl.int64)
+            v = tl.load(r2t + slot * r2t_stride + (offs % cols) * page_size, mask=m, other=0)
+            tl.store(dst + offs, v.to(tl.int64), mask=m)
+        tl.debug_barrier()  # every warp has read the index before it moves on
+        tl.store(index, (idx + 1) % rows)
+
+    return ring_pack
+
+
+def fused_wanted(device: torch.device) -> bool:
+    """Whether replays pack with the one kernel: on a GPU with Triton, unless SPECSCOPE_FUSED_PACK=0."""
+    if device.type != "cuda" or os.environ.get("SPECSCOPE_FUSED_PACK", "1") == "0":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class RingPacker:
+    """Writes packed snapshots into a ring of int64 rows `dev` `[rows, width]` at the device index `index` int64
+    `[1]`, with one kernel per write (graph-capturable: every argument is an address or a size fixed per graph)."""
+
+    def __init__(self, dev: torch.Tensor, index: torch.Tensor) -> None:
+        global _kernel
+        if _kernel is None:
+            _kernel = _build()
+        self.dev, self.index = dev, index
+        self._warm_up()
+
+    def write(self, parts: list[torch.Tensor], r2t: torch.Tensor, rpi: torch.Tensor, cols: int,
+              page_size: int) -> int:
+        """Write `parts` (NUM_PARTS contiguous int32 / int64 tensors, flattened in order) and the page starts
+        `r2t[rpi[b], c * page_size]` for b < len(rpi), c < cols (r2t int32 `[slots, ctx]`, rpi int64 `[bs]`) as
+        one row; returns the row's length."""
+        if len(parts) != NUM_PARTS:
+            raise ValueError(f"ring_pack takes {NUM_PARTS} parts, got {len(parts)}")
+        n = sum(p.numel() for p in parts) + rpi.numel() * cols
+        rows, width = self.dev.shape
+        if n > width:
+            raise ValueError(f"a snapshot of {n} values does not fit the snapshot ring's rows ({width})")
+        args: list[Any] = []
+        for p in parts:
+            if not p.is_contiguous():
+                raise ValueError("ring_pack parts must be contiguous (they are graph buffers' leading views)")
+            args += [p, p.numel()]
+        _kernel[(1,)](self.dev, self.index, rows, width, *args, r2t, r2t.stride(0), rpi, rpi.numel(), cols,
+                      page_size, BLOCK=_BLOCK, num_warps=4)
+        return n
+
+    def _warm_up(self) -> None:
+        """Compile before any capture (a graph must not record a compile), on scratch rows of the same dtypes."""
+        d = self.dev.device
+        ring = torch.zeros(2, 64, dtype=torch.int64, device=d)
+        index = torch.zeros(1, dtype=torch.int64, device=d)
+        i32, i64 = torch.zeros(2, dtype=torch.int32, device=d), torch.zeros(2, dtype=torch.int64, device=d)
+        parts = [i32] * 5 + [i64] * 3
+        args: list[Any] = []
+        for p in parts:
+            args += [p, p.numel()]
+        r2t = torch.zeros(2, 8, dtype=torch.int32, device=d)
+        _kernel[(1,)](ring, index, 2, 64, *args, r2t, r2t.stride(0), i64, 2, 2, 4, BLOCK=_BLOCK, num_warps=4)
+        torch.cuda.synchronize(d)
