@@ -67,7 +67,8 @@ def cell_config(bench: Bench, p: Preset, bs: int, plan_stream: bool) -> Any:
 
 
 @contextlib.contextmanager
-def open_arms(bench: Bench, p: Preset, bs: int, plan_stream: bool, tmp: str) -> Iterator[dict[str, Any]]:
+def open_arms(bench: Bench, p: Preset, bs: int, plan_stream: bool, tmp: str,
+              live_check: bool = True) -> Iterator[dict[str, Any]]:
     """The three engines of a cell, built once (off, on, profiler), sharing the cached model weights; on exit
     they are closed (the trace with its live checker's verdict) and the trace file removed."""
     bench._arm = "fused"  # the engine's default ops (flashinfer's fused kernels where they exist)
@@ -79,7 +80,7 @@ def open_arms(bench: Bench, p: Preset, bs: int, plan_stream: bool, tmp: str) -> 
             for arm in ARMS:
                 arms[arm] = stack.enter_context(bench.session.open_session(
                     cell_config(bench, p, bs, plan_stream), path if arm == "on" else None, command=COMMAND,
-                    overwrite=True, random_weights=p.random_weights, check=True))
+                    overwrite=True, random_weights=p.random_weights, check=live_check))
             yield arms
     finally:
         with contextlib.suppress(OSError):
@@ -122,7 +123,8 @@ def _check_ops(bench: Bench) -> str:
     return bench.fused_ops
 
 
-def run_cell(bench: Bench, p: Preset, bs: int, rounds: int, plan_stream: bool, tmp: str) -> dict[str, Any]:
+def run_cell(bench: Bench, p: Preset, bs: int, rounds: int, plan_stream: bool, tmp: str,
+             live_check: bool = True) -> dict[str, Any]:
     """Three engines built once, `rounds` alternating rounds on them; ratios are taken within a round."""
     if rounds <= WARMUP_ROUNDS:
         raise BenchError(f"--rounds must be more than the {WARMUP_ROUNDS} warm-up round")
@@ -131,7 +133,7 @@ def run_cell(bench: Bench, p: Preset, bs: int, rounds: int, plan_stream: bool, t
     # Every run's tokens: one workload on engines sharing weights, so the same greedy outputs are expected (a
     # diagnostic, not a verdict: a difference would point at an engine reading state it does not own).
     outputs: list[list[list[int]]] = []
-    with open_arms(bench, p, bs, plan_stream, tmp) as arms:
+    with open_arms(bench, p, bs, plan_stream, tmp, live_check) as arms:
         for i in range(rounds):
             for arm in order(i):
                 wall, f, out = run_round(bench, arms[arm], arm, bs, seed=0)
@@ -177,8 +179,9 @@ def markdown(doc: dict[str, Any]) -> str:
            f"- versions: torch {v.get('torch')}, CUDA {v.get('cuda')}, flashinfer {v.get('flashinfer')}, "
            f"Python {v.get('python')}, specscope commit {v.get('git_commit')}",
            f"- command: `{doc['command']}`; SPECSCOPE_SNAPSHOT_RING={doc['snapshot_ring_env'] or '(unset: on)'}",
-           f"- CUDA graphs on, plan stream {'on' if doc['plan_stream'] else 'off'}, {doc['spec_steps']} draft steps. "
-           "Per cell three engines are built once and share the model weights: untraced, traced (live checker on) "
+           f"- CUDA graphs on, plan stream {'on' if doc['plan_stream'] else 'off'}, live checker "
+           f"{'on' if doc.get('live_check', True) else 'off'}, {doc['spec_steps']} draft steps. "
+           "Per cell three engines are built once and share the model weights: untraced, traced "
            f"and untraced under torch.profiler ({acts}). "
            f"{doc['rounds']} rounds; a round runs the same whole workload (bs requests at once, fixed length, EOS "
            "ignored) on each engine, in alternating order (off, on, profiler / profiler, on, off), each run "
@@ -215,7 +218,8 @@ def write(args: argparse.Namespace, argv: list[str], torch: Any, rows: list[dict
                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
                command="python benchmarks/tracer_overhead.py " + shlex.join(argv), rounds=args.rounds,
                warmup_rounds=WARMUP_ROUNDS, repeats=args.rounds - WARMUP_ROUNDS,
-               plan_stream=not args.no_plan_stream, spec_steps=args.spec_steps, quick=args.quick,
+               plan_stream=not args.no_plan_stream, live_check=not args.no_live_check, spec_steps=args.spec_steps,
+               quick=args.quick,
                cpu_dry_run=args.cpu, snapshot_ring_env=os.environ.get("SPECSCOPE_SNAPSHOT_RING"),
                seconds=round(time.perf_counter() - t0, 1), rows=rows)
     out = Path(args.out)
@@ -236,6 +240,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                          "warm-up). --repeats is the old name")
     ap.add_argument("--no-plan-stream", action="store_true", help="plan stream off (it is on by default)")
     ap.add_argument("--spec-steps", type=int, default=3)
+    ap.add_argument("--no-live-check", action="store_true",
+                    help="trace without the live checker process beside the writer (it is on, as in `specscope run`)")
     ap.add_argument("--quick", action="store_true", help="shorter requests (engine_speed's quick presets)")
     ap.add_argument("--cpu", action="store_true",
                     help="a CPU dry run of the harness (float32, fused-torch ops; needs --out, numbers meaningless)")
@@ -277,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.models:
                 p = table[name]
                 for bs in args.batch_sizes:
-                    row = run_cell(bench, p, bs, args.rounds, not args.no_plan_stream, tmp)
+                    row = run_cell(bench, p, bs, args.rounds, not args.no_plan_stream, tmp, not args.no_live_check)
                     rows.append(row)
                     rom = row["ratio_of_medians"]
                     print(f"{p.label[:26]:26s} bs {bs:3d}  off {row['wall_ms']['off']['median']:7.3f} ms  "
