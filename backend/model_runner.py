@@ -248,16 +248,17 @@ class ModelRunner:
 
     def write_snapshot_row(self, backend: TRTLLMHABackend, fb: ForwardBatch) -> int:
         """Write `pack_snapshot`'s values into the recorder's snapshot ring (its current row; device ops only, so a
-        graph captures them) and return their number: one kernel where the ring has a packer (GPU with Triton),
-        else the torch pack and a row copy."""
+        graph captures them) and return their number: one kernel where the ring has a packer (GPU with Triton) and
+        the row is small enough for it, else the torch pack and a row copy."""
         ring = self.recorder.ring  # type: ignore[union-attr]
-        if ring.packer is None:
-            packed = self.pack_snapshot(backend, fb)
-            ring.write(packed)
-            return packed.numel()
-        parts = [t.reshape(-1) for _, t in self._metadata_tensors(backend, fb)]
-        return ring.packer.write(parts, self.r2t.req_to_token, fb.req_pool_indices,
-                                 backend.forward_metadata.page_table.shape[1], self.page_size)
+        if ring.packer is not None:
+            parts = [t.reshape(-1) for _, t in self._metadata_tensors(backend, fb)]
+            cols = backend.forward_metadata.page_table.shape[1]
+            if ring.packer.takes(parts, fb.req_pool_indices, cols):
+                return ring.packer.write(parts, self.r2t.req_to_token, fb.req_pool_indices, cols, self.page_size)
+        packed = self.pack_snapshot(backend, fb)
+        ring.write(packed)
+        return packed.numel()
 
     def record_snapshot(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch,
                         packed: torch.Tensor | None, ring_len: int = 0) -> None:

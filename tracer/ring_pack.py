@@ -17,6 +17,9 @@ from typing import Any
 import torch
 
 NUM_PARTS = 8  # the metadata tensors ModelRunner records: 5 int32 then 3 int64 in the torch path's order
+# One thread block walks the row 1,024 values at a time: past ~16k values (long contexts at large batches: the page
+# table and page starts are bs x pages each) the torch pack's many-block kernels are faster, and take over.
+MAX_VALUES = 16_384
 _BLOCK = 1024
 _kernel: Any = None
 
@@ -89,6 +92,11 @@ class RingPacker:
             _kernel = _build()
         self.dev, self.index = dev, index
         self._warm_up()
+
+    @staticmethod
+    def takes(parts: list[torch.Tensor], rpi: torch.Tensor, cols: int) -> bool:
+        """Whether `write` is the faster way to record these parts (at most MAX_VALUES values in the row)."""
+        return sum(p.numel() for p in parts) + rpi.numel() * cols <= MAX_VALUES
 
     def write(self, parts: list[torch.Tensor], r2t: torch.Tensor, rpi: torch.Tensor, cols: int,
               page_size: int) -> int:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from specscope.backend.engine_config import EngineConfig
 from specscope.backend.session import run_session
 from specscope.tracer import recorder as recorder_mod
 from specscope.tracer.checks import check_steps
+from specscope.tracer.ring_pack import MAX_VALUES, RingPacker
 from specscope.tracer.stamps import row_ranges as _row_ranges
 from specscope.tracer.store import TraceReader
 
@@ -85,3 +87,12 @@ def test_step_held_open_keeps_its_row_through_wraps(tmp_path) -> None:
         assert r.num_steps() == 51
         vals = [int(s.array("out_cache_loc").values[0]) for s in r.steps()]
     assert vals == [1000, *range(50)]
+
+
+def test_the_one_kernel_pack_takes_only_rows_its_single_block_is_faster_for() -> None:
+    """Long contexts at large batches (bs x pages values twice) go back to the torch pack's many-block kernels."""
+    small = [torch.zeros(64, dtype=torch.int32)] * 5 + [torch.zeros(256, dtype=torch.int64)] * 3
+    assert RingPacker.takes(small, torch.zeros(64, dtype=torch.int64), cols=8)
+    big_pages = 2 * MAX_VALUES // 64  # e.g. 32k tokens in 16-token pages at bs 64
+    big = [torch.zeros(64, dtype=torch.int32)] * 3 + [torch.zeros(64 * big_pages, dtype=torch.int32)] + small[4:]
+    assert not RingPacker.takes(big, torch.zeros(64, dtype=torch.int64), cols=big_pages)
