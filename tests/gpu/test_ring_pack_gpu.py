@@ -27,8 +27,9 @@ def _parts(gen: torch.Generator) -> tuple[list[torch.Tensor], torch.Tensor, torc
         return torch.randint(-2**62, 2**62, (n,), generator=gen, dtype=torch.int64).to(DEV)
 
     page_table = i32(8, PAGES)[:BS]
-    parts = [i32(8)[:BS], i32(9)[:BS + 1], i32(9)[:BS + 1], page_table, i32(8)[:BS], torch.tensor([2, 0, 5], device=DEV),
-             i64(32)[:BS * T], i64(32)[:BS * T]]
+    rpi = torch.tensor([2, 0, 5], device=DEV)
+    parts = [i32(8)[:BS], i32(9)[:BS + 1], i32(9)[:BS + 1], page_table, i32(8)[:BS], rpi, i64(32)[:BS * T],
+             i64(32)[:BS * T]]
     r2t = torch.randint(0, 1 << 20, (7, PAGES * P + 3), generator=gen, dtype=torch.int32).to(DEV)
     return parts, r2t, parts[5]
 
