@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Any
 
 import torch
@@ -242,6 +243,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.attention_layers: list[AttentionLayer] = [layer.self_attn.layer for layer in self.model.layers]
         self._ops_setting: str | None = None  # None: $SPECSCOPE_FUSED_OPS (auto when unset)
+        self._ops_env: str | None = os.environ.get(fused_ops.ENV_VAR)  # its value when _ops_setting was chosen
         self._ops: dict[torch.device, Ops | None] = {}  # per device; None = the plain path
         self._retired_ops: list[dict[torch.device, Ops | None]] = []  # replaced op sets captured graphs may read
 
@@ -252,11 +254,12 @@ class LlamaForCausalLM(nn.Module):
         Takes effect at the next forward; CUDA graphs already captured keep the ops they were captured with."""
         if setting is not None:
             fused_ops.check_setting(setting)
-        if setting is not None and setting == self._ops_setting:
-            return  # None re-reads $SPECSCOPE_FUSED_OPS, which may have changed
-        # Graphs captured with the old ops read their buffers (the RoPE table) on every replay: keep them alive.
-        self._retired_ops.append(self._ops)
-        self._ops_setting = setting
+        env = os.environ.get(fused_ops.ENV_VAR) if setting is None else None  # what None resolves through
+        if (setting, env) == (self._ops_setting, self._ops_env):
+            return
+        if self._ops:  # graphs captured with the old ops read their buffers (the RoPE table): keep them alive
+            self._retired_ops.append(self._ops)
+        self._ops_setting, self._ops_env = setting, env
         self._ops = {}
 
     def ops_name(self, device: torch.device | str) -> OpsName:
