@@ -16,6 +16,7 @@ accounting only, the injected faults that changed a step. Only `tracer/checks.py
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections import deque
@@ -192,8 +193,9 @@ class Recorder:
         self._layouts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._np_names: dict[Any, str] = {}
         self._sent_ns = time.perf_counter_ns()
-        if self.is_cuda and hasattr(writer, "send_in_background"):
+        if self.is_cuda and hasattr(writer, "send_in_background") and os.environ.get("SPECSCOPE_TRACE_SENDER") != "0":
             # Tiny models make steps faster than the writer child stores them: the engine must not wait on the pipe.
+            # (SPECSCOPE_TRACE_SENDER=0 writes it on the engine's thread, to measure what the thread costs.)
             writer.send_in_background()
         # One stamp ring per stream; the compute stream's is the one captured graphs stamp (`compute_stamps`).
         self._stamps: dict[Any, StampRing] = {}
