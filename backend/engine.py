@@ -375,7 +375,7 @@ class Engine:
             elif no_wait:
                 torch.cuda._sleep(10_000_000)  # make the missing edge bite: delay the producer on the GPU
             self.seq_lens_buf[:bs].copy_(s_dev)
-        producers = streams.record_event(streams.compute)
+        producers = streams.record_producers(streams.compute)
         if no_wait:
             recorder.fired([rec_v, rec_e], ["no-plan-wait"])
         elif streams.plan_wait(producers):

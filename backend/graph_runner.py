@@ -44,7 +44,7 @@ class GraphRunner:
         backend: TRTLLMHABackend, template: ForwardBatch, max_bs: int, tokens_per_req: int,
         device: torch.device, pad_seq_len_from_live: bool = False,
         pack: Callable[[ForwardBatch], torch.Tensor] | None = None, ladder: list[int] | None = None,
-        ring: Any = None, stamps: Any = None, ring_write: Callable[[ForwardBatch], int] | None = None,
+        stamps: Any = None, ring_write: Callable[[ForwardBatch], int] | None = None,
     ) -> None:
         self.name = name
         self.mode = mode
@@ -57,10 +57,9 @@ class GraphRunner:
         self.use_cuda_graph = device.type == "cuda"
         self.pad_seq_len_from_live = pad_seq_len_from_live  # fault `padded-row-seqlen`
         self.pack = pack  # the recorder's snapshot, computed inside the graph when tracing
-        self.ring = ring if pack is not None else None  # tracer.recorder.SnapshotRing the graph writes it into
-        # Writes the snapshot straight into the ring's current row and returns its length (one kernel on a GPU,
-        # tracer.ring_pack); without it the graph packs with `pack` and copies the result into the row.
-        self.ring_write = ring_write if self.ring is not None else None
+        # With the recorder's snapshot ring: writes the snapshot into the ring's current row (device ops only) and
+        # returns its length (ModelRunner.write_snapshot_row); without it the graph keeps `pack`'s tensor.
+        self.ring_write = ring_write if pack is not None else None
         # tracer.stamps.StampRing of the compute stream: when tracing, each replay stamps its first and last node
         # itself (the recorder numbers the two stamps, `Recorder.graph_span`).
         self.stamps = stamps if pack is not None else None
@@ -169,11 +168,7 @@ class GraphRunner:
         returns (None, its length); without a ring the packed int64 tensor and 0; (None, 0) when not tracing."""
         if self.ring_write is not None:
             return None, self.ring_write(fb)
-        packed = self.pack(fb) if self.pack is not None else None
-        if self.ring is not None and packed is not None:
-            self.ring.write(packed)
-            return None, packed.numel()
-        return packed, 0
+        return (self.pack(fb) if self.pack is not None else None), 0
 
     def replay_prepare(self, live: ForwardBatch) -> ForwardBatch:
         """Copy the live batch into the static buffers, pad, and refresh metadata (the plan-stream half)."""

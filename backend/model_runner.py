@@ -89,8 +89,9 @@ class ModelRunner:
                 template=_with(template, mode, step_id, backend), max_bs=max_bs, tokens_per_req=tpr,
                 device=self.device, pad_seq_len_from_live="padded-row-seqlen" in self.faults,
                 pack=(lambda fb, be=backend: self.pack_snapshot(be, fb)) if self.recorder.enabled else None,
-                ladder=ladder, ring=getattr(self.recorder, "ring", None), stamps=self.recorder.compute_stamps,
-                ring_write=lambda fb, be=backend: self.write_snapshot_row(be, fb))
+                ladder=ladder, stamps=self.recorder.compute_stamps,
+                ring_write=(lambda fb, be=backend: self.write_snapshot_row(be, fb))
+                if getattr(self.recorder, "ring", None) is not None else None)
             self.runners[(mode, step_id)] = runner
             # Largest batch first, as SGLang captures: smaller graphs reuse the memory pool the largest allocated.
             for bs in reversed(runner.ladder):

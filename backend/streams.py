@@ -36,7 +36,7 @@ class Streams:
         with torch.cuda.stream(self.plan):
             yield self.plan
 
-    def record_event(self, stream: Any) -> Any:
+    def record_producers(self, stream: Any) -> Any:
         """The producers' event, recorded on `stream` now (None on the CPU); valid until the next call."""
         if not self.is_cuda:
             return None

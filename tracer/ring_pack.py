@@ -82,6 +82,20 @@ def fused_wanted(device: torch.device) -> bool:
     return True
 
 
+def _row_len(parts: list[torch.Tensor], rpi: torch.Tensor, cols: int) -> int:
+    return sum(p.numel() for p in parts) + rpi.numel() * cols
+
+
+def _launch(ring: torch.Tensor, index: torch.Tensor, parts: list[torch.Tensor], r2t: torch.Tensor,
+            rpi: torch.Tensor, cols: int, page_size: int) -> None:
+    args: list[Any] = []
+    for p in parts:  # Triton takes no lists: each part is a (pointer, length) pair of arguments
+        args += [p, p.numel()]
+    rows, width = ring.shape
+    _kernel[(1,)](ring, index, rows, width, *args, r2t, r2t.stride(0), rpi, rpi.numel(), cols, page_size,
+                  BLOCK=_BLOCK, num_warps=4)
+
+
 class RingPacker:
     """Writes packed snapshots into a ring of int64 rows `dev` `[rows, width]` at the device index `index` int64
     `[1]`, with one kernel per write (graph-capturable: every argument is an address or a size fixed per graph)."""
@@ -96,7 +110,7 @@ class RingPacker:
     @staticmethod
     def takes(parts: list[torch.Tensor], rpi: torch.Tensor, cols: int) -> bool:
         """Whether `write` is the faster way to record these parts (at most MAX_VALUES values in the row)."""
-        return sum(p.numel() for p in parts) + rpi.numel() * cols <= MAX_VALUES
+        return _row_len(parts, rpi, cols) <= MAX_VALUES
 
     def write(self, parts: list[torch.Tensor], r2t: torch.Tensor, rpi: torch.Tensor, cols: int,
               page_size: int) -> int:
@@ -105,29 +119,18 @@ class RingPacker:
         one row; returns the row's length."""
         if len(parts) != NUM_PARTS:
             raise ValueError(f"ring_pack takes {NUM_PARTS} parts, got {len(parts)}")
-        n = sum(p.numel() for p in parts) + rpi.numel() * cols
-        rows, width = self.dev.shape
-        if n > width:
-            raise ValueError(f"a snapshot of {n} values does not fit the snapshot ring's rows ({width})")
-        args: list[Any] = []
-        for p in parts:
-            if not p.is_contiguous():
-                raise ValueError("ring_pack parts must be contiguous (they are graph buffers' leading views)")
-            args += [p, p.numel()]
-        _kernel[(1,)](self.dev, self.index, rows, width, *args, r2t, r2t.stride(0), rpi, rpi.numel(), cols,
-                      page_size, BLOCK=_BLOCK, num_warps=4)
+        if not all(p.is_contiguous() for p in parts):
+            raise ValueError("ring_pack parts must be contiguous (they are graph buffers' leading views)")
+        n = _row_len(parts, rpi, cols)
+        if n > self.dev.shape[1]:
+            raise ValueError(f"a snapshot of {n} values does not fit the snapshot ring's rows ({self.dev.shape[1]})")
+        _launch(self.dev, self.index, parts, r2t, rpi, cols, page_size)
         return n
 
     def _warm_up(self) -> None:
         """Compile before any capture (a graph must not record a compile), on scratch rows of the same dtypes."""
         d = self.dev.device
-        ring = torch.zeros(2, 64, dtype=torch.int64, device=d)
-        index = torch.zeros(1, dtype=torch.int64, device=d)
         i32, i64 = torch.zeros(2, dtype=torch.int32, device=d), torch.zeros(2, dtype=torch.int64, device=d)
-        parts = [i32] * 5 + [i64] * 3
-        args: list[Any] = []
-        for p in parts:
-            args += [p, p.numel()]
-        r2t = torch.zeros(2, 8, dtype=torch.int32, device=d)
-        _kernel[(1,)](ring, index, 2, 64, *args, r2t, r2t.stride(0), i64, 2, 2, 4, BLOCK=_BLOCK, num_warps=4)
+        _launch(torch.zeros(2, 64, dtype=torch.int64, device=d), torch.zeros(1, dtype=torch.int64, device=d),
+                [i32] * 5 + [i64] * 3, torch.zeros(2, 8, dtype=torch.int32, device=d), i64, 2, 4)
         torch.cuda.synchronize(d)
