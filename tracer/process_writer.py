@@ -434,6 +434,8 @@ def _child_main() -> int:
         return 0
     say("ready")
     err = None
+    # A diagnostic: steps arrive as usual and are dropped unstored (what the child's storing costs a GPU run).
+    discard = os.environ.get("SPECSCOPE_TRACE_DISCARD") == "1"
     while True:
         try:
             if not inp.ready():
@@ -462,7 +464,7 @@ def _child_main() -> int:
                     err = str(e)
             say(f"error {err}" if err else "flushed")
             continue
-        if err is not None:
+        if err is not None or discard and kind in ("frame", "step", "steps"):
             continue  # keep draining, so the engine's writes never block on a full pipe
         try:
             if kind == "frame":
