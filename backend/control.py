@@ -17,8 +17,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 PROTOCOL = 1
@@ -191,11 +190,9 @@ class ControlledRecorder:
         self._inner.end_step(rec)
         self._control.after_step(int(rec.index), int(rec.iteration), self._flush)
 
-    @contextmanager
-    def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> Iterator[None]:
-        """Pass-through (a context manager is looked up on the class, so spell it out)."""
-        with self._inner.span(rec, stream, name, cuda_stream):
-            yield
+    def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> Any:
+        """Pass-through."""
+        return self._inner.span(rec, stream, name, cuda_stream)
 
     def _flush(self) -> None:
         inner = self._inner

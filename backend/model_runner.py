@@ -7,8 +7,6 @@ inputs, the snapshot of what the kernels will consume, the forward or graph repl
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +69,10 @@ class ModelRunner:
         self.max_context_len = max_context_len
         self.compute_stream: Any = None  # the engine's compute stream (its forwards' spans are stamped on it)
         self._layouts: dict[tuple[Any, ...], Any] = {}  # snapshot layouts by the (address, shape) of each tensor
+        # A replay's: by the address and the object of each tensor (a graph's buffers come back every replay). An
+        # entry holds its tensors, so their ids are not reused while it is cached, and a tensor object's shape is
+        # fixed: reading 8 shapes per step cost more than the rest of the key.
+        self._replay_layouts: dict[tuple[Any, ...], tuple[Any, list[torch.Tensor]]] = {}
         self._crops: dict[int, dict[str, int]] = {}
 
     def backend_for(self, mode: ForwardMode, step_id: int | None) -> TRTLLMHABackend:
@@ -107,22 +109,20 @@ class ModelRunner:
                     self.record_snapshot(rec, backend, fb, None)
                     self.recorder.end_step(rec)
 
-    @contextlib.contextmanager
-    def _record_failure(self, rec: StepRecord | None, backend: TRTLLMHABackend, fb: ForwardBatch) -> Iterator[None]:
+    def _record_failure(self, rec: StepRecord | None, backend: TRTLLMHABackend, fb: ForwardBatch) -> _RecordFailure:
         """If the forward raises (a kernel rejecting its arguments, a sticky CUDA error), still record the step:
         the error as a CallError (the call, the exception type, its message verbatim) and, unless the device is
         gone, the metadata the kernel was handed. The catalogue decides what it means (K1)."""
-        try:
-            yield
-        except Exception as e:
-            fatal = is_sticky_cuda_error(e)
-            call, backend.calling = backend.calling or "forward", None
-            if rec is not None:
-                self.recorder.error(rec, call, e, fatal=fatal)
-                if not fatal:
-                    self.record_snapshot(rec, backend, fb, None)
-                self.recorder.end_step(rec)
-            raise
+        return _RecordFailure(self, rec, backend, fb)
+
+    def _failed(self, rec: StepRecord | None, backend: TRTLLMHABackend, fb: ForwardBatch, e: Exception) -> None:
+        fatal = is_sticky_cuda_error(e)
+        call, backend.calling = backend.calling or "forward", None
+        if rec is not None:
+            self.recorder.error(rec, call, e, fatal=fatal)
+            if not fatal:
+                self.record_snapshot(rec, backend, fb, None)
+            self.recorder.end_step(rec)
 
     # ---- one forward ---------------------------------------------------------------------------------
     def begin(self, live: ForwardBatch, iteration: int, num_draft_tokens: int) -> tuple[StepRecord | None, Any]:
@@ -226,13 +226,17 @@ class ModelRunner:
             snap(rec, "attn_mask", mask.view(torch.int16))  # uint16 has no numpy twin in the recorder
 
     @staticmethod
-    def _metadata_tensors(backend: TRTLLMHABackend, fb: ForwardBatch) -> list[tuple[str, torch.Tensor]]:
-        """The metadata the kernels consume and the inputs behind it (no kernel runs to list them)."""
+    def _metadata_values(backend: TRTLLMHABackend, fb: ForwardBatch) -> list[torch.Tensor]:
+        """The metadata the kernels consume and the inputs behind it, in `_METADATA_NAMES` order (no kernel runs to
+        list them)."""
         md = backend.forward_metadata
-        return [("cache_seqlens", md.cache_seqlens_int32), ("cu_seqlens_q", md.cu_seqlens_q),
-                ("cu_seqlens_k", md.cu_seqlens_k), ("page_table", md.page_table), ("seq_lens", fb.seq_lens),
-                ("req_pool_indices", fb.req_pool_indices), ("out_cache_loc", fb.out_cache_loc),
-                ("positions", fb.positions)]
+        return [md.cache_seqlens_int32, md.cu_seqlens_q, md.cu_seqlens_k, md.page_table, fb.seq_lens,
+                fb.req_pool_indices, fb.out_cache_loc, fb.positions]
+
+    @classmethod
+    def _metadata_tensors(cls, backend: TRTLLMHABackend, fb: ForwardBatch) -> list[tuple[str, torch.Tensor]]:
+        """`_metadata_values` with their names."""
+        return list(zip(_METADATA_NAMES, cls._metadata_values(backend, fb), strict=True))
 
     def max_pack_len(self, max_bs: int, tokens_per_req: int) -> int:
         """An upper bound on `pack_snapshot`'s length for a graph of `max_bs` rows (what a ring row must hold)."""
@@ -244,7 +248,7 @@ class ModelRunner:
         (and, inside a CUDA graph, no host work at all: the graph computes it on every replay)."""
         cols = self._strided[None, : backend.forward_metadata.page_table.shape[1]]
         starts = self.r2t.req_to_token[fb.req_pool_indices[:, None], cols]
-        tensors = [t for _, t in self._metadata_tensors(backend, fb)] + [starts]
+        tensors = [*self._metadata_values(backend, fb), starts]
         return torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])
 
     def write_snapshot_row(self, backend: TRTLLMHABackend, fb: ForwardBatch) -> int:
@@ -253,7 +257,7 @@ class ModelRunner:
         the row is small enough for it, else the torch pack and a row copy."""
         ring = self.recorder.ring  # type: ignore[union-attr]
         if ring.packer is not None:
-            parts = [t.reshape(-1) for _, t in self._metadata_tensors(backend, fb)]
+            parts = [t.reshape(-1) for t in self._metadata_values(backend, fb)]
             cols = backend.forward_metadata.page_table.shape[1]
             if ring.packer.takes(parts, fb.req_pool_indices, cols):
                 return ring.packer.write(parts, self.r2t.req_to_token, fb.req_pool_indices, cols, self.page_size)
@@ -266,21 +270,34 @@ class ModelRunner:
         """Hand the packed snapshot to the recorder with its layout, and the scalars the checks need. A replay
         that wrote `ring_len` values into the recorder's snapshot ring hands over its row instead."""
         md, p = backend.forward_metadata, self.page_size
-        if packed is None and not ring_len:
+        replay = packed is not None or ring_len > 0  # eager steps pack here
+        if not replay:
             packed = self.pack_snapshot(backend, fb)
         width = -(-md.max_seq_len_k // p)
         # Same order as pack_snapshot; the layout comes from shapes and addresses alone, read on every step (a
-        # replay's addresses are what I15 checks), and is built once per distinct (address, shape) set.
-        tensors = self._metadata_tensors(backend, fb)
-        key = tuple([(t.data_ptr(), t.shape) for _, t in tensors])
-        layout = self._layouts.get(key)
-        if layout is None:
-            full = [(name, t.dtype, tuple(t.shape), t.data_ptr()) for name, t in tensors]
-            full.append(("req_to_token_page_starts", self.r2t.req_to_token.dtype,
-                         (fb.req_pool_indices.shape[0], md.page_table.shape[1]), 0))
-            if len(self._layouts) >= 4096:
-                self._layouts.clear()
-            layout = self._layouts[key] = self.recorder.intern_layout(full)
+        # replay's addresses are what I15 checks), and is built once per distinct set of tensors and addresses.
+        tensors = self._metadata_values(backend, fb)
+        hit = None
+        if replay:
+            rkey = (*map(_DATA_PTR, tensors), *map(id, tensors))
+            hit = self._replay_layouts.get(rkey)
+        if hit is not None:
+            layout = hit[0]
+        else:
+            key = tuple([(t.data_ptr(), t.shape) for t in tensors])
+            layout = self._layouts.get(key)
+            if layout is None:
+                full = [(name, t.dtype, tuple(t.shape), t.data_ptr())
+                        for name, t in zip(_METADATA_NAMES, tensors, strict=True)]
+                full.append(("req_to_token_page_starts", self.r2t.req_to_token.dtype,
+                             (fb.req_pool_indices.shape[0], md.page_table.shape[1]), 0))
+                if len(self._layouts) >= 4096:
+                    self._layouts.clear()
+                layout = self._layouts[key] = self.recorder.intern_layout(full)
+            if replay:
+                if len(self._replay_layouts) >= 256:  # a backend that makes new tensors per replay (I15)
+                    self._replay_layouts.clear()
+                self._replay_layouts[rkey] = (layout, tensors)
         crop = self._crops.get(width)
         if crop is None:
             crop = self._crops[width] = {"page_table": width, "req_to_token_page_starts": width}
@@ -302,6 +319,30 @@ class ModelRunner:
         self.recorder.snapshot_host(rec, "seq_lens_cpu", fb.seq_lens_cpu)
         if md.captured_max_seq_len_q is not None:
             rec.scalars["captured_max_seq_len_q"] = md.captured_max_seq_len_q
+
+
+class _RecordFailure:
+    """`ModelRunner._record_failure`'s context manager (a small class: it wraps every replay, traced or not, and a
+    generator-based one cost µs each)."""
+
+    __slots__ = ("runner", "rec", "backend", "fb")
+
+    def __init__(self, runner: ModelRunner, rec: StepRecord | None, backend: TRTLLMHABackend,
+                 fb: ForwardBatch) -> None:
+        self.runner, self.rec, self.backend, self.fb = runner, rec, backend, fb
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is not None and issubclass(exc_type, Exception):
+            self.runner._failed(self.rec, self.backend, self.fb, exc)
+        return False  # the exception goes on
+
+
+_METADATA_NAMES = ("cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "page_table", "seq_lens", "req_pool_indices",
+                   "out_cache_loc", "positions")
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def request_states(

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ import torch
 
 from .process_writer import ProcessTraceWriter
 from .ring_pack import RingPacker, fused_wanted
-from .schema import CallError, ForwardMode, GraphPhase, RequestRecord, StreamWait
+from .schema import CallError, ForwardMode, GraphPhase, RequestRecord
 from .stamps import DrainedRing, StampClock, StampRing
 
 _NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8",
@@ -98,10 +98,53 @@ class StepRecord:
     floats: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # sampled attention inputs/outputs
     host_arrays: list[tuple[str, np.ndarray, int]] = field(default_factory=list)  # host tensors: name, copy, ptr
     spans: list[_PendingSpan] = field(default_factory=list)
-    waits: list[StreamWait] = field(default_factory=list)
+    waits: list[tuple[str, str, str]] = field(default_factory=list)  # StreamWait fields: stream, on_stream, on_span
     errors: list[CallError] = field(default_factory=list)
     faults_fired: list[str] = field(default_factory=list)
     done_event: Any = None  # CUDA event after the last async copy of this step (host-copied snapshots only)
+
+
+class _DeviceSpan:
+    """`Recorder.span` on a stamp ring: a stamp on entry and on a clean exit (a small class: a generator-based
+    context manager cost several µs per span on the launch path)."""
+
+    __slots__ = ("recs", "stream", "name", "ring", "a")
+
+    def __init__(self, recs: list[StepRecord], stream: str, name: str, ring: StampRing) -> None:
+        self.recs, self.stream, self.name, self.ring, self.a = recs, stream, name, ring, 0
+
+    def __enter__(self) -> None:
+        self.a = self.ring.stamp()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is None:
+            ring = self.ring
+            b = ring.stamp()
+            for r in self.recs:
+                r.spans.append(_PendingSpan(self.stream, self.name, (ring, self.a), (ring, b)))
+        return False
+
+
+class _HostSpan:
+    """`Recorder.span` of a host region on a GPU run: host clock times on entry and on a clean exit."""
+
+    __slots__ = ("recs", "stream", "name", "t0")
+
+    def __init__(self, recs: list[StepRecord], stream: str, name: str) -> None:
+        self.recs, self.stream, self.name, self.t0 = recs, stream, name, 0
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter_ns()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is None:
+            t1 = time.perf_counter_ns()
+            for r in self.recs:
+                r.spans.append(_PendingSpan(self.stream, self.name, self.t0, t1))
+        return False
+
+
+_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
 class NullRecorder:
@@ -134,10 +177,9 @@ class NullRecorder:
     def snapshot_host(self, rec: Any, name: str, t: torch.Tensor) -> None:
         """No-op."""
 
-    @contextlib.contextmanager
-    def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> Iterator[None]:
-        """No-op."""
-        yield
+    def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> contextlib.nullcontext[None]:
+        """No-op (one shared context manager: the untraced engine pays nothing per span)."""
+        return _NO_SPAN
 
     def graph_span(self, rec: Any, stream: str, name: str, ring: Any) -> None:
         """No-op."""
@@ -199,6 +241,8 @@ class Recorder:
             writer.send_in_background()
         # One stamp ring per stream; the compute stream's is the one captured graphs stamp (`compute_stamps`).
         self._stamps: dict[Any, StampRing] = {}
+        self._ring_by_obj: dict[int, tuple[Any, StampRing]] = {}
+        self._np_views: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # see snapshot_host
         self.compute_stamps = self.stamp_ring("compute", torch.cuda.current_stream(device) if self.is_cuda else None)
         self.clock = StampClock(self.compute_stamps)  # device stamps -> host ns, measured once
 
@@ -274,7 +318,14 @@ class Recorder:
 
     def snapshot_host(self, rec: StepRecord, name: str, t: torch.Tensor) -> None:
         """Record a host tensor (e.g. the `seq_lens_cpu` mirror) as it is now: a host copy, no device work."""
-        rec.host_arrays.append((name, t.numpy().copy(), t.data_ptr()))
+        # A graph's host buffers come back step after step: keep their numpy views (held with the tensor, so the
+        # id is not reused while cached; `t.numpy()` costs more than the copy).
+        hit = self._np_views.get(id(t))
+        if hit is None or hit[0] is not t:
+            if len(self._np_views) >= 256:
+                self._np_views.clear()
+            hit = self._np_views[id(t)] = (t, t.numpy())
+        rec.host_arrays.append((name, hit[1].copy(), t.data_ptr()))
 
     def stamp_ring(self, stream: str, cuda_stream: Any = None) -> StampRing:
         """The stamp ring of a CUDA stream (on the CPU: of the stream name), made on first use."""
@@ -285,25 +336,27 @@ class Recorder:
             ring.on_lap = lambda below, r=ring: self._read_out_stamps(r, below)
         return ring
 
-    @contextlib.contextmanager
-    def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> Iterator[None]:
-        """Time a region for one step or a list of steps: with device stamps on `cuda_stream` on a GPU (stamps on
-        the CPU are host times), with the host clock for a host region (`cuda_stream` None on a GPU). Span names are
-        documented in docs/trace-format.md ("producers", "metadata", "forward")."""
-        recs = _recs(rec)
+    def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> _DeviceSpan | _HostSpan:
+        """Time a region for one step or a list of steps (a context manager): with device stamps on `cuda_stream` on
+        a GPU (stamps on the CPU are host times), with the host clock for a host region (`cuda_stream` None on a
+        GPU). A body that raises leaves no span (after a sticky CUDA error nothing may be launched any more). Span
+        names are documented in docs/trace-format.md ("producers", "metadata", "forward")."""
+        recs = [rec] if type(rec) is StepRecord else _recs(rec)
         if self.is_cuda and cuda_stream is None:
-            t0 = time.perf_counter_ns()
-            yield
-            t1 = time.perf_counter_ns()
-            for r in recs:
-                r.spans.append(_PendingSpan(stream, name, t0, t1))
-            return
+            return _HostSpan(recs, stream, name)
+        return _DeviceSpan(recs, stream, name, self._ring_of(stream, cuda_stream))
+
+    def _ring_of(self, stream: str, cuda_stream: Any) -> StampRing:
+        # The engine passes the same stream objects step after step: find their ring without asking torch for the
+        # raw handle (a property call); the entry holds the object, so its id is not reused while it is cached.
+        hit = self._ring_by_obj.get(id(cuda_stream))
+        if hit is not None and hit[0] is cuda_stream:
+            return hit[1]
         ring = self.stamp_ring(stream, cuda_stream)
-        a = ring.stamp()
-        yield  # a body that raises leaves no span (after a sticky CUDA error nothing may be launched any more)
-        b = ring.stamp()
-        for r in recs:
-            r.spans.append(_PendingSpan(stream, name, (ring, a), (ring, b)))
+        if len(self._ring_by_obj) >= 64:
+            self._ring_by_obj.clear()
+        self._ring_by_obj[id(cuda_stream)] = (cuda_stream, ring)
+        return ring
 
     def graph_span(self, rec: StepRecord, stream: str, name: str, ring: StampRing) -> None:
         """A span a graph replay just launched stamped itself (its first and last node, on `ring`'s stream): the
@@ -324,8 +377,9 @@ class Recorder:
 
     def wait(self, rec: Any, stream: str, on_stream: str, on_span: str) -> None:
         """Record a wait edge the engine has just enqueued: `stream` waits for span `on_span` of `on_stream`."""
-        for r in _recs(rec):
-            r.waits.append(StreamWait(stream, on_stream, on_span))
+        edge = (stream, on_stream, on_span)  # StreamWait's fields (the writer makes the StreamWait)
+        for r in [rec] if type(rec) is StepRecord else _recs(rec):
+            r.waits.append(edge)
 
     def error(self, rec: Any, call: str, exc: BaseException, fatal: bool = False) -> None:
         """Record that `call` raised for this step (type and message verbatim)."""
@@ -346,9 +400,12 @@ class Recorder:
     def end_step(self, rec: StepRecord) -> None:
         """Close the step; it is written once its device work completes."""
         rec.end_ns = time.perf_counter_ns()
-        self.assign_index(rec)
-        if rec in self._open:
+        if rec.index < 0:
+            self.assign_index(rec)
+        try:
             self._open.remove(rec)
+        except ValueError:
+            pass  # ended before (a failure path ends its step early)
         if self.is_cuda and self._failed is None and (rec.floats or any(p.slot is not None for p in rec.packs)):
             ev = self._event()  # the host copies of this step's values land with it
             ev.record(torch.cuda.current_stream(self.device))
@@ -525,8 +582,9 @@ class Recorder:
         spans = [(s.stream, s.name,
                   s.start[0].value(s.start[1]) + off if type(s.start) is tuple else s.start,
                   s.end[0].value(s.end[1]) + off if type(s.end) is tuple else s.end) for s in rec.spans]
-        packs = [(p.host.numpy().copy() if p.seq is None else self.ring.row(p.seq, p.length),  # type: ignore[union-attr]
-                  self.intern_layout(p.layout), p.crop_cols) for p in rec.packs]
+        packs = [(self.ring.row(p.seq, p.length) if p.seq is not None  # type: ignore[union-attr]
+                  else self._ring.np[p.slot[0]:p.slot[1]].copy() if p.slot is not None  # type: ignore[union-attr]
+                  else p.host.numpy().copy(), self.intern_layout(p.layout), p.crop_cols) for p in rec.packs]
         floats = [(name, "float32" if t.is_floating_point() else _NP_DTYPES[t.dtype], tuple(t.shape), 0,
                    t.float().numpy() if t.is_floating_point() else t.numpy()) for name, t in rec.floats]
         floats += [(name, self._np_name(v.dtype), v.shape, ptr, v) for name, v, ptr in rec.host_arrays]
@@ -542,7 +600,7 @@ class Recorder:
                       end_ns=rec.end_ns, scalars=rec.scalars)
         requests = rec.requests() if callable(rec.requests) else rec.requests
         return dict(header=header, requests=requests, arrays=floats, packs=packs, spans=spans, violations=[],
-                    waits=[(w.stream, w.on_stream, w.on_span) for w in rec.waits],
+                    waits=rec.waits,
                     errors=[e.to_dict() for e in rec.errors], faults_fired=list(rec.faults_fired))
 
     def _np_name(self, dtype: Any) -> str:
@@ -557,6 +615,7 @@ class PinnedRing:
 
     def __init__(self, num_int64: int) -> None:
         self.buf = torch.empty(num_int64, dtype=torch.int64, pin_memory=True)
+        self.np = self.buf.numpy()
         self.head = 0
         self.live: list[tuple[int, int]] = []  # [start, end) slots whose steps are not written yet
 
@@ -600,6 +659,7 @@ class SnapshotRing(DrainedRing):
         self.index = torch.zeros(1, dtype=torch.int64, device=device)
         # A host copy apart from the device rows on the CPU too: only a drain overwrites a host row, as on a GPU.
         self.host = torch.zeros(rows, width, dtype=torch.int64, pin_memory=self.is_cuda)
+        self._host_np = self.host.numpy()  # rows are read through numpy: torch indexing costs µs per row
         # One kernel per replay's row instead of the torch pack's dozen nodes (GPU with Triton; tracer.ring_pack).
         self.packer: RingPacker | None = None
         if fused_wanted(device):
@@ -630,4 +690,4 @@ class SnapshotRing(DrainedRing):
 
     def row(self, seq: int, length: int) -> np.ndarray:
         """The host copy of replay `seq`'s snapshot (a copy: the row is reused `rows` replays later)."""
-        return self.host[seq % self.rows, :length].numpy().copy()
+        return self._host_np[seq % self.rows, :length].copy()
