@@ -491,8 +491,10 @@ class Recorder:
     def _complete(self, rec: StepRecord, done: dict[int, int]) -> bool:
         if rec.done_event is not None and not rec.done_event.query():
             return False
-        if self.ring is not None:
-            rows = self.ring.completed()
+        if self.ring is not None and rec.packs:
+            rows = done.get(id(self.ring))  # asked once per pass, like the stamp rings below
+            if rows is None:
+                rows = done[id(self.ring)] = self.ring.completed()
             if any(p.seq is not None and p.seq >= rows for p in rec.packs):
                 return False
         for sp in rec.spans:
