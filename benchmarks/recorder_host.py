@@ -4,11 +4,11 @@ A traced run of the embedded models (CUDA graphs, or their emulation on the CPU;
 real recorder; every recorder and snapshot call on the engine's thread is timed (`time.perf_counter_ns` around each
 call, nested calls counted once; stamps and the resolve/encode/send calls inside `poll` on their own too), and the
 batches it hands the writer are encoded again afterwards as `write_raw_steps` does (the engine's encoding cost),
-alternating with a plain pickle of the same batch (arrays as numpy arrays). Per graph replay: median µs of each call,
-and bytes per step on the pipe. `--device cuda` measures it on a GPU host (real stamps and drains). On the CPU
-every call also runs between CPU kernels (most likely it pays the cold caches they leave): a call timed in the run
-costs 5-7x what it does in a tight loop (`snapshot_host`: 30-40 µs vs 6 µs on the 2-core VM). Compare CPU runs of
-this script with each other (A/B), not with a GPU host's numbers.
+alternating with the pickle of the same batch (arrays as bytes) that sessions 5-7 sent. Per graph replay: median
+µs of each call, and bytes per step on the pipe. `--device cuda` measures it on a GPU host (real stamps and
+drains). On the CPU every call also runs between CPU kernels (most likely it pays the cold caches they leave): a
+call timed in the run costs 5-7x what it does in a tight loop (`snapshot_host`: 30-40 µs vs 6 µs on the 2-core
+VM). Compare CPU runs of this script with each other (A/B), not with a GPU host's numbers.
 
     python benchmarks/recorder_host.py                 # bs 1 and 16, writes benchmarks/results/recorder_host.json
     python benchmarks/recorder_host.py --device cuda --out benchmarks/results/recorder_host_cuda.json
@@ -39,7 +39,7 @@ CALLS = {"tracer.recorder.Recorder": ("begin_step", "snapshot_ring", "snapshot_p
 
 
 def measure(bs: int, new_tokens: int, device: str = "cpu") -> dict[str, Any]:
-    """One traced CPU run at batch size `bs`; per-call host µs on graph replays, pickle µs and bytes per step."""
+    """One traced CPU run at batch size `bs`; per-call host µs on graph replays, encode µs and bytes per step."""
     import importlib
 
     from specscope.backend.engine_config import EngineConfig
@@ -88,20 +88,20 @@ def measure(bs: int, new_tokens: int, device: str = "cpu") -> dict[str, Any]:
             setattr(cls, n, f)
         process_writer.ProcessTraceWriter.write_raw_steps = orig_steps  # type: ignore[method-assign]
     replays = [b for b in batches if all(s["header"]["graph"] == "replay" for s in b)]
-    pickle_us, plain_us, sizes = [], [], []
+    encode_us, pickle_us, sizes = [], [], []
     for b in replays:
-        for _ in range(ENCODE_REPEATS):  # alternating: what write_raw_steps sends, and the batch pickled as it is
+        for _ in range(ENCODE_REPEATS):  # alternating: what write_raw_steps sends (msgpack), and session 7's pickle
             t = time.perf_counter_ns()
-            data = process_writer.encode_frame("steps", process_writer.wire_steps(b))
+            data = process_writer.encode_frame("steps", b)
+            encode_us.append((time.perf_counter_ns() - t) / 1e3 / len(b))
+            t = time.perf_counter_ns()
+            pickle.dumps(("steps", process_writer.wire_steps(b)), protocol=pickle.HIGHEST_PROTOCOL)
             pickle_us.append((time.perf_counter_ns() - t) / 1e3 / len(b))
-            t = time.perf_counter_ns()
-            pickle.dumps(("steps", b), protocol=pickle.HIGHEST_PROTOCOL)
-            plain_us.append((time.perf_counter_ns() - t) / 1e3 / len(b))
         sizes.append(len(data) / len(b))
     calls = {n: {"calls": len(v), "median_us": round(statistics.median(v) / 1e3, 2)} for n, v in sorted(times.items())}
     return dict(batch_size=bs, device=device, calls=calls, replay_batches=len(replays),
-                pickle_us_per_step=round(statistics.median(pickle_us), 2) if pickle_us else None,
-                plain_pickle_us_per_step=round(statistics.median(plain_us), 2) if plain_us else None,
+                encode_us_per_step=round(statistics.median(encode_us), 2) if encode_us else None,
+                pickle_wire_us_per_step=round(statistics.median(pickle_us), 2) if pickle_us else None,
                 pipe_bytes_per_step=round(statistics.median(sizes)) if sizes else None)
 
 
@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         row = measure(bs, args.new_tokens, args.device)
         rows.append(row)
         per = ", ".join(f"{n} {c['median_us']}" for n, c in row["calls"].items())
-        print(f"bs {bs:3d}: encode {row['pickle_us_per_step']} µs/step (arrays pickled as arrays: "
-              f"{row['plain_pickle_us_per_step']}), {row['pipe_bytes_per_step']} B/step; {per}")
+        print(f"bs {bs:3d}: encode {row['encode_us_per_step']} µs/step (as a pickle, arrays as bytes: "
+              f"{row['pickle_wire_us_per_step']}), {row['pipe_bytes_per_step']} B/step; {per}")
     doc = dict(benchmark="recorder_host", machine=platform.processor() or platform.machine(),
                cpus=os.cpu_count(), load_1min=os.getloadavg()[0], python=platform.python_version(),
                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),

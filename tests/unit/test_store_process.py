@@ -77,8 +77,8 @@ def test_discard_diagnostic_drops_steps_and_keeps_the_rest(tmp_path: os.PathLike
 
 
 def test_batched_raw_steps_keep_every_array(tmp_path: os.PathLike[str]) -> None:
-    """`write_raw_steps` sends arrays as bytes (cheap for the engine to pickle): the child stores the same steps, with
-    every dtype and shape, as one step at a time does; a single step in the batch goes the same way."""
+    """`write_raw_steps` sends a msgpack batch, arrays as bytes: the child stores the same steps, with every dtype and
+    shape, as one step at a time does; a single step in the batch goes the same way."""
     path_a, path_b = os.path.join(tmp_path, "batched.db"), os.path.join(tmp_path, "single.db")
     steps = [_v2_step(i) for i in range(12)]
     a = ProcessTraceWriter(path_a, make_run())
@@ -94,6 +94,31 @@ def test_batched_raw_steps_keep_every_array(tmp_path: os.PathLike[str]) -> None:
     with TraceReader(path_a) as ra, TraceReader(path_b) as rb:
         assert ra.num_steps() == rb.num_steps() == 12
         assert [ra.step(i) for i in range(12)] == [rb.step(i) for i in range(12)] == steps
+
+
+def test_batches_msgpack_cannot_carry_go_as_pickles_and_meet_the_same_checks(tmp_path: os.PathLike[str]) -> None:
+    import numpy as np
+    from specscope.tracer.process_writer import FAST_STEPS, encode_frame
+
+    good = [raw_from_step(_v2_step(i)) for i in range(3)]
+    assert encode_frame("steps", good)[:1] == FAST_STEPS
+    huge = raw_from_step(make_step(4))
+    huge["requests"]["request_id"] = [2**70] + huge["requests"]["request_id"][1:]
+    obj = raw_from_step(make_step(4))
+    obj["arrays"] = [("o", "object", (1,), 0, np.array([None]))]
+    for bad, match in ((huge, "OverflowError"), (obj, "dtype object")):
+        batch = [raw_from_step(_v2_step(3)), bad]
+        assert encode_frame("steps", batch)[:1] != FAST_STEPS  # the pickle fallback
+        path = os.path.join(tmp_path, f"batch-{match.split()[0]}.db")
+        w = ProcessTraceWriter(path, make_run())
+        w.write_raw_steps(good)
+        w.write_raw_steps(batch)
+        with pytest.raises(TraceError, match=match):
+            w.flush()
+        with pytest.raises(TraceError):
+            w.close()
+        with TraceReader(path) as r:  # what arrived before the bad step is kept
+            assert [r.step(i) for i in range(r.num_steps())][:4] == [_v2_step(i) for i in range(4)]
 
 
 def _writer(path: str, background: bool) -> ProcessTraceWriter:
