@@ -241,7 +241,7 @@ class Recorder:
             writer.send_in_background()
         # One stamp ring per stream; the compute stream's is the one captured graphs stamp (`compute_stamps`).
         self._stamps: dict[Any, StampRing] = {}
-        self._ring_by_obj: dict[int, tuple[Any, StampRing]] = {}
+        self._ring_by_obj: dict[tuple[str, int], tuple[Any, StampRing]] = {}
         self._np_views: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # see snapshot_host
         self.compute_stamps = self.stamp_ring("compute", torch.cuda.current_stream(device) if self.is_cuda else None)
         self.clock = StampClock(self.compute_stamps)  # device stamps -> host ns, measured once
@@ -349,13 +349,15 @@ class Recorder:
     def _ring_of(self, stream: str, cuda_stream: Any) -> StampRing:
         # The engine passes the same stream objects step after step: find their ring without asking torch for the
         # raw handle (a property call); the entry holds the object, so its id is not reused while it is cached.
-        hit = self._ring_by_obj.get(id(cuda_stream))
+        # (On the CPU every stream is None: the name tells the rings apart, as in `stamp_ring`.)
+        key = (stream, id(cuda_stream))
+        hit = self._ring_by_obj.get(key)
         if hit is not None and hit[0] is cuda_stream:
             return hit[1]
         ring = self.stamp_ring(stream, cuda_stream)
         if len(self._ring_by_obj) >= 64:
             self._ring_by_obj.clear()
-        self._ring_by_obj[id(cuda_stream)] = (cuda_stream, ring)
+        self._ring_by_obj[key] = (cuda_stream, ring)
         return ring
 
     def graph_span(self, rec: StepRecord, stream: str, name: str, ring: StampRing) -> None:

@@ -110,6 +110,26 @@ def test_recorded_spans_come_from_the_stamps_in_order() -> None:
     assert 0 < a1 <= b1 <= a2 <= b2
 
 
+def test_each_stream_stamps_on_its_own_ring_and_a_raising_body_leaves_no_span() -> None:
+    """Spans of the plan and the compute stream (on the CPU both streams are None, told apart by name) stamp on one
+    ring each, whichever came first; a region that raises records nothing and the exception goes on."""
+    w = _Writer()
+    rec = Recorder(w, CPU)  # type: ignore[arg-type]
+    step = _begin(rec, 0)
+    for stream in ("compute", "plan", "compute", "plan"):
+        with rec.span(step, stream, "metadata"):
+            pass
+    with pytest.raises(KeyError), rec.span([step], "plan", "producers"):
+        raise KeyError("boom")
+    rings = {sp.stream: {sp.start[0], sp.end[0]} for sp in step.spans}
+    assert len(step.spans) == 4 and rings["compute"] == {rec.compute_stamps}
+    assert len(rings["plan"]) == 1 and rings["plan"] != rings["compute"]
+    assert rec.compute_stamps.count == 4 and next(iter(rings["plan"])).count == 5  # the raising body's first stamp
+    rec.end_step(step)
+    rec.close()
+    assert [sp[:2] for sp in w.steps[0]["spans"]] == [("compute", "metadata"), ("plan", "metadata")] * 2
+
+
 def test_a_held_back_step_keeps_its_times_when_the_ring_laps() -> None:
     """A step held open while thousands of later stamps go by: its stamps are read out before the drain that reuses
     their host slots, so it is written with its own times, not a later step's."""
