@@ -6,7 +6,7 @@
 #
 #   bash scripts/gpu_validate.sh tests     OUT   # pytest -m gpu (sync-debug, lossless greedy, faults, ring, live TUI)
 #   bash scripts/gpu_validate.sh overhead  OUT   # tracer_overhead, tiny and 8B, --quick, 9 rounds; recorder_host
-#   bash scripts/gpu_validate.sh speed     OUT   # engine_speed --quick and plan_stream
+#   bash scripts/gpu_validate.sh speed     OUT   # engine_speed --quick, plan_stream, clock_drift (2 min)
 #
 # OUT defaults to benchmarks/results/gpu-<commit>. Exit status: the number of parts' commands that failed.
 set -u
@@ -47,6 +47,8 @@ case "$part" in
   speed)
     step "engine_speed-$commit" 240 python benchmarks/engine_speed.py --quick --out-dir "$out"
     step "plan_stream-$commit" 120 python benchmarks/plan_stream.py --out "$out/plan_stream-$commit.json"
+    step "clock_drift-$commit" 150 python scripts/clock_drift.py --seconds 120 --every 2 \
+      --out "$out/clock_drift-$commit.json"
     ;;
 esac
 exit "$failed"
