@@ -329,8 +329,8 @@ def _unwire_steps(raws: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # A `steps` batch goes as `B` + msgpack of the steps in the recorder's compact form, each array as the list
-# [dtype str, shape, bytes] (`_batch_hook`; the child's `_unwire_steps` makes arrays of them again): a third of a
-# pickle's cost to the engine (its per-object work was the larger part of encoding a batch). A batch msgpack cannot
+# [dtype str, shape, bytes] (`_batch_hook`; the child's `_unwire_steps` makes arrays of them again): about half a
+# pickle's cost to the engine (the pickle's per-object work was most of encoding a batch). A batch msgpack cannot
 # carry (an int beyond 64 bits, a non-numeric array) goes as a pickle and meets the same checks in the child.
 FAST_STEPS = b"B"
 
