@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The H200 runs a session makes, in parts that each fit one 10-minute device call. From the project root on the
-# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | records | bench). Logs and results go to $OUT as one
-# log file and one tarball (the device tool brings back at most 8 files).
+# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | records | bench | overhead). Logs and results go to
+# $OUT as one log file and one tarball (the device tool brings back at most 8 files). Run `tests` first on a fresh
+# machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
+# inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|records}
+part=${1:?usage: gpu_batch.sh tests|records|bench|overhead}
+case $part in tests|records|bench|overhead) ;; *) echo "usage: gpu_batch.sh tests|records|bench|overhead" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
@@ -43,6 +46,18 @@ case $part in
   bench)
     step engine-speed 420 python benchmarks/engine_speed.py --quick --out-dir "$work/bench"
     ;;
+  overhead)
+    # Issue 12's recorder numbers: traced / untraced (tiny, then the 8B shape), the recorder's host µs per call,
+    # and how far %globaltimer drifts from the host clock (the recorder corrects none).
+    step overhead-tiny 120 python benchmarks/tracer_overhead.py --models tiny --quick --rounds 9 \
+      --out "$work/tracer_overhead_tiny.json"
+    step overhead-8b 240 python benchmarks/tracer_overhead.py --models llama3-8b --quick --rounds 9 \
+      --out "$work/tracer_overhead_8b_quick.json"
+    step recorder-host 90 python benchmarks/recorder_host.py --device cuda --batch-sizes 1,16 --new-tokens 40 \
+      --out "$work/recorder_host_cuda.json"
+    step clock-drift 100 python scripts/clock_drift.py --seconds 80 --every 2 --out "$work/clock_drift.json"
+    ;;
+
 esac
 rm -rf "$work/k"
 tar czf "$out/res-$part.tgz" -C "$work" . 2>>"$log"
