@@ -1,11 +1,11 @@
-"""How far the GPU's `%globaltimer` drifts from the host clock over a run (GPU host; a CPU dry run prints zeros).
+"""How far the GPU's `%globaltimer` drifts from the host clock over a run (GPU host; a CPU dry run shows only noise).
 
 The recorder puts device stamps on the host clock with one offset measured when it starts (`tracer.stamps.
 StampClock`) and corrects no drift: spans on the device are exact relative to each other, but a long trace's device
 spans move against its host times (step start/end, the Perfetto iteration slices) by drift x run length. This
-measures that drift: every `--every` seconds for `--seconds`, the offset is bracketed as StampClock does (host
-reads around a stamp between two synchronizes; the tightest of 5 tries), then a least-squares line through the
-offsets gives the drift in ppm (µs per second) and the residual spread.
+measures that drift: every `--every` seconds for `--seconds`, the offset is bracketed as StampClock does
+(`tracer.stamps.bracket_offset`: host reads around a stamp between two synchronizes, the tightest of 5), then a
+least-squares line through the offsets gives the drift in ppm (µs per second) and the residual spread.
 
     python scripts/clock_drift.py --seconds 120 --every 2 --out benchmarks/results/clock_drift-<commit>.json
     python scripts/clock_drift.py --cpu --seconds 2 --every 0.5      # a dry run of the script
@@ -19,25 +19,6 @@ import platform
 import statistics
 import sys
 import time
-from typing import Any
-
-
-def bracket(ring: Any, torch: Any, cuda: bool, tries: int = 5) -> tuple[int, int, int]:
-    """(host ns at the middle of the tightest bracket, offset host - device ns there, bracket width ns)."""
-    best = None
-    for _ in range(tries):
-        if cuda:
-            torch.cuda.synchronize()
-        h0 = time.perf_counter_ns()
-        seq = ring.stamp()
-        if cuda:
-            torch.cuda.synchronize()
-        h1 = time.perf_counter_ns()
-        ring.wait(seq)
-        got = (h1 - h0, (h0 + h1) // 2, (h0 + h1) // 2 - ring.value(seq))
-        best = got if best is None or got < best else best
-    width, mid, off = best  # type: ignore[misc]
-    return mid, off, width
 
 
 def fit(points: list[tuple[int, int]]) -> tuple[float, float]:
@@ -67,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         print("clock_drift: error: --seconds and --every must be positive", file=sys.stderr)
         return 2
     import torch
-    from specscope.tracer.stamps import StampRing
+    from specscope.tracer.stamps import StampRing, bracket_offset
 
     cuda = not a.cpu
     if cuda and not torch.cuda.is_available():
@@ -78,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     points, widths = [], []
     end = time.monotonic() + a.seconds
     while True:
-        mid, off, width = bracket(ring, torch, cuda)
+        width, mid, off = bracket_offset(ring)
         points.append((mid, off))
         widths.append(width)
         if time.monotonic() + a.every > end:

@@ -207,6 +207,8 @@ class NullRecorder:
 
 
 def _recs(rec: Any) -> list[StepRecord]:
+    if type(rec) is StepRecord:  # the common case first: every step-level hook comes through here
+        return [rec]
     if rec is None:
         return []
     if isinstance(rec, (list, tuple)):
@@ -241,7 +243,6 @@ class Recorder:
             writer.send_in_background()
         # One stamp ring per stream; the compute stream's is the one captured graphs stamp (`compute_stamps`).
         self._stamps: dict[Any, StampRing] = {}
-        self._ring_by_obj: dict[tuple[str, int], tuple[Any, StampRing]] = {}
         self._np_views: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # see snapshot_host
         self.compute_stamps = self.stamp_ring("compute", torch.cuda.current_stream(device) if self.is_cuda else None)
         self.clock = StampClock(self.compute_stamps)  # device stamps -> host ns, measured once
@@ -341,24 +342,10 @@ class Recorder:
         a GPU (stamps on the CPU are host times), with the host clock for a host region (`cuda_stream` None on a
         GPU). A body that raises leaves no span (after a sticky CUDA error nothing may be launched any more). Span
         names are documented in docs/trace-format.md ("producers", "metadata", "forward")."""
-        recs = [rec] if type(rec) is StepRecord else _recs(rec)
+        recs = _recs(rec)
         if self.is_cuda and cuda_stream is None:
             return _HostSpan(recs, stream, name)
-        return _DeviceSpan(recs, stream, name, self._ring_of(stream, cuda_stream))
-
-    def _ring_of(self, stream: str, cuda_stream: Any) -> StampRing:
-        # The engine passes the same stream objects step after step: find their ring without asking torch for the
-        # raw handle (a property call); the entry holds the object, so its id is not reused while it is cached.
-        # (On the CPU every stream is None: the name tells the rings apart, as in `stamp_ring`.)
-        key = (stream, id(cuda_stream))
-        hit = self._ring_by_obj.get(key)
-        if hit is not None and hit[0] is cuda_stream:
-            return hit[1]
-        ring = self.stamp_ring(stream, cuda_stream)
-        if len(self._ring_by_obj) >= 64:
-            self._ring_by_obj.clear()
-        self._ring_by_obj[key] = (cuda_stream, ring)
-        return ring
+        return _DeviceSpan(recs, stream, name, self.stamp_ring(stream, cuda_stream))
 
     def graph_span(self, rec: StepRecord, stream: str, name: str, ring: StampRing) -> None:
         """A span a graph replay just launched stamped itself (its first and last node, on `ring`'s stream): the
@@ -380,7 +367,7 @@ class Recorder:
     def wait(self, rec: Any, stream: str, on_stream: str, on_span: str) -> None:
         """Record a wait edge the engine has just enqueued: `stream` waits for span `on_span` of `on_stream`."""
         edge = (stream, on_stream, on_span)  # StreamWait's fields (the writer makes the StreamWait)
-        for r in [rec] if type(rec) is StepRecord else _recs(rec):
+        for r in _recs(rec):
             r.waits.append(edge)
 
     def error(self, rec: Any, call: str, exc: BaseException, fatal: bool = False) -> None:
@@ -402,8 +389,7 @@ class Recorder:
     def end_step(self, rec: StepRecord) -> None:
         """Close the step; it is written once its device work completes."""
         rec.end_ns = time.perf_counter_ns()
-        if rec.index < 0:
-            self.assign_index(rec)
+        self.assign_index(rec)
         try:
             self._open.remove(rec)
         except ValueError:

@@ -223,22 +223,31 @@ class StampClock:
 
     def __init__(self, ring: StampRing, tries: int = 5) -> None:
         self.offset_ns, self.bracket_ns = 0, 0  # CPU stamps are host times already
-        if not ring.is_cuda:
-            return
-        brackets = []
-        for _ in range(tries):
-            torch.cuda.synchronize(ring.device)
-            h0 = time.perf_counter_ns()
-            seq = ring.stamp()
-            torch.cuda.synchronize(ring.device)
-            h1 = time.perf_counter_ns()
-            ring.wait(seq)
-            brackets.append((h1 - h0, (h0 + h1) // 2 - ring.value(seq)))
-        self.bracket_ns, self.offset_ns = min(brackets)
+        if ring.is_cuda:
+            self.bracket_ns, _, self.offset_ns = bracket_offset(ring, tries)
 
     def ns(self, device_ns: int) -> int:
         """A device stamp on the host clock."""
         return device_ns + self.offset_ns
+
+
+def bracket_offset(ring: StampRing, tries: int = 5) -> tuple[int, int, int]:
+    """The host - device clock offset, bracketed by host reads around a stamp between two synchronizes: the tightest
+    of `tries` as (bracket width ns, host ns at its middle, offset ns). On the CPU stamps are host times, so the
+    offset is the few hundred ns a stamp takes."""
+    brackets = []
+    for _ in range(tries):
+        if ring.is_cuda:
+            torch.cuda.synchronize(ring.device)
+        h0 = time.perf_counter_ns()
+        seq = ring.stamp()
+        if ring.is_cuda:
+            torch.cuda.synchronize(ring.device)
+        h1 = time.perf_counter_ns()
+        ring.wait(seq)
+        mid = (h0 + h1) // 2
+        brackets.append((h1 - h0, mid, mid - ring.value(seq)))
+    return min(brackets)
 
 
 def row_ranges(a: int, b: int, slots: int) -> list[tuple[int, int]]:
