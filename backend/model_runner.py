@@ -7,6 +7,7 @@ inputs, the snapshot of what the kernels will consume, the forward or graph repl
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,13 @@ class ModelRunner:
         # fixed: reading 8 shapes per step cost more than the rest of the key.
         self._replay_layouts: dict[tuple[Any, ...], tuple[Any, list[torch.Tensor]]] = {}
         self._crops: dict[int, dict[str, int]] = {}
+        # Where the recorder can run host bookkeeping later (`Recorder.later`), a replay's snapshot record (layout,
+        # scalars, host mirror) is made at the next poll instead of between launches; the graph runners whose
+        # record is still to be made (each is made before that runner, or any eager forward, is prepared again).
+        self._later = getattr(recorder, "later", None) if recorder.enabled else None
+        if os.environ.get("SPECSCOPE_DEFER_SNAPSHOTS") == "0":
+            self._later = None  # (made at launch, as before: to measure what deferring saves)
+        self._later_runners: set[GraphRunner] = set()
 
     def backend_for(self, mode: ForwardMode, step_id: int | None) -> TRTLLMHABackend:
         """The backend that serves a forward mode (draft decode step i has its own)."""
@@ -83,6 +91,7 @@ class ModelRunner:
     def capture_graphs(self, modes: list[tuple[ForwardMode, int | None, int]], max_bs: int,
                        template: ForwardBatch, ladder: list[int] | None = None) -> None:
         """Capture (mode, step_id, tokens/request) for every ladder size; each capture is a recorded step."""
+        self._run_later()
         for mode, step_id, tpr in modes:
             backend = self.backend_for(mode, step_id)
             backend.init_cuda_graph_state(max_bs, max_bs * tpr)
@@ -144,6 +153,8 @@ class ModelRunner:
     def prepare(self, live: ForwardBatch, runner: GraphRunner | None, rec: StepRecord | None = None) -> Prepared:
         """Metadata for the forward: `_apply` into the graph's buffers, or eager init (faults that changed it are
         noted on `rec`, for fault accounting)."""
+        if self._later_runners and (runner is None or runner in self._later_runners):
+            self._run_later()  # what a deferred record reads is about to be rewritten
         backend = self.backend_for(live.forward_mode, live.spec_step_id)
         if runner is None:
             live.attn_backend = backend
@@ -173,7 +184,15 @@ class ModelRunner:
                     with span(rec, "compute", "forward", self.compute_stream):
                         logits, packed, ring_len = prep.runner.replay(prep.fb, prep.live.num_tokens)
             if rec is not None:
-                self.record_snapshot(rec, prep.backend, prep.fb, packed, ring_len)
+                if ring_len and self._later is not None:
+                    # The replay's row is numbered now (launch order); the rest of its record reads objects nothing
+                    # changes before this runner is prepared again, so it is made at the next poll, where the host
+                    # waits for the GPU, not here, where the GPU may be waiting for the next launch.
+                    seq = self.recorder.claim_row()  # type: ignore[union-attr]
+                    self._later_runners.add(prep.runner)
+                    self._later(self._record_replay, rec, prep.backend, prep.fb, ring_len, seq, prep.runner)
+                else:
+                    self.record_snapshot(rec, prep.backend, prep.fb, packed, ring_len)
                 self.record_attention(rec, prep, replayed=self.device.type == "cuda")
             return logits if logits_indices is None else logits[logits_indices]
         with self._record_failure(rec, prep.backend, prep.fb), span(rec, "compute", "forward", self.compute_stream):
@@ -183,6 +202,15 @@ class ModelRunner:
             self.record_snapshot(rec, prep.backend, prep.fb, None)
             self.record_attention(rec, prep, replayed=False)
         return logits
+
+    def _run_later(self) -> None:
+        if self._later_runners:
+            self.recorder.run_later()  # type: ignore[union-attr]
+
+    def _record_replay(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch, ring_len: int, seq: int,
+                       runner: GraphRunner) -> None:
+        self._later_runners.discard(runner)
+        self.record_snapshot(rec, backend, fb, None, ring_len, seq)
 
     def record_attention(self, rec: StepRecord, prep: Prepared, replayed: bool) -> None:
         """On sampled steps, keep layer 0's q, output and the KV pages its live rows use (differential check).
@@ -266,9 +294,10 @@ class ModelRunner:
         return packed.numel()
 
     def record_snapshot(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch,
-                        packed: torch.Tensor | None, ring_len: int = 0) -> None:
+                        packed: torch.Tensor | None, ring_len: int = 0, seq: int | None = None) -> None:
         """Hand the packed snapshot to the recorder with its layout, and the scalars the checks need. A replay
-        that wrote `ring_len` values into the recorder's snapshot ring hands over its row instead."""
+        that wrote `ring_len` values into the recorder's snapshot ring hands over its row instead (`seq`: the row's
+        number, when it was claimed at launch)."""
         md, p = backend.forward_metadata, self.page_size
         replay = packed is not None or ring_len > 0  # eager steps pack here
         if not replay:
@@ -302,7 +331,7 @@ class ModelRunner:
         if crop is None:
             crop = self._crops[width] = {"page_table": width, "req_to_token_page_starts": width}
         if ring_len:
-            self.recorder.snapshot_ring(rec, ring_len, layout, crop)
+            self.recorder.snapshot_ring(rec, ring_len, layout, crop, seq)
         else:
             self.recorder.snapshot_pack(rec, packed, layout, crop_cols=crop)
         scalars = {

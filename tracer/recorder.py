@@ -42,6 +42,7 @@ RING_BYTES = 64 << 20  # device (and pinned host) memory of the snapshot ring
 DRAIN_EVERY = 8  # replays per snapshot-ring drain: few enough that a drain never frees a burst of steps at once
 RESOLVE_PER_POLL = 32  # steps resolved per hot-path poll (an iteration makes 3-7)
 DRAIN_STAMPS = 16  # undrained stamps of a stream before a poll drains them for the step waiting on them
+LATER_MAX = 32  # deferred calls (`Recorder.later`) held before they run anyway
 
 
 def keep_until_exit(*objs: Any) -> None:
@@ -233,6 +234,7 @@ class Recorder:
         self._failed: BaseException | None = None  # a sticky CUDA error: no device call may run any more
         self.ring: SnapshotRing | None = None  # opened by the engine before it captures graphs
         self._outbox: list[dict[str, Any]] = []  # resolved steps, sent to the writer in batches
+        self._later: list[tuple[Callable[..., None], tuple[Any, ...]]] = []  # see `later`
         # One shared tuple per distinct layout: a batch pickles a graph's layout once, not once per replay.
         self._layouts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._np_names: dict[Any, str] = {}
@@ -286,12 +288,40 @@ class Recorder:
             host, slot = packed.detach().clone(), None
         rec.packs.append(_PendingPack(host, layout, crop_cols, slot))
 
-    def snapshot_ring(self, rec: StepRecord, length: int,
-                      layout: list[tuple[str, torch.dtype, tuple[int, ...], int]], crop_cols: dict[str, int]) -> None:
+    def snapshot_ring(self, rec: StepRecord, length: int, layout: list[tuple[str, torch.dtype, tuple[int, ...], int]],
+                      crop_cols: dict[str, int], seq: int | None = None) -> None:
         """Record the metadata that the replay just launched wrote into its SnapshotRing row (`length` int64 values
-        of `layout`): no device work here; the values arrive with the next drain."""
-        rec.packs.append(_PendingPack(None, layout, crop_cols, None, self.ring.claim(), length))  # type: ignore[union-attr]
+        of `layout`; `seq`: the row's number if `claim_row` gave it at launch): no device work here; the values
+        arrive with the next drain."""
+        if seq is None:
+            seq = self.ring.claim()  # type: ignore[union-attr]
+        rec.packs.append(_PendingPack(None, layout, crop_cols, None, seq, length))
         self._drain_ring(force=False)
+
+    def claim_row(self) -> int:
+        """Number the SnapshotRing row of the replay just launched (replays are numbered in launch order), for a
+        `snapshot_ring` made later. Undrained rows never reach half the ring: past that the deferred records are
+        made and the rows drained now, so the device cannot lap a row before it is copied."""
+        ring = self.ring
+        seq = ring.claim()  # type: ignore[union-attr]
+        if ring.count - ring.drained > ring.rows // 2:  # type: ignore[union-attr]
+            self.run_later()
+            self._drain_ring(force=True)
+        return seq
+
+    def later(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run `fn(*args)` before the next poll resolves a step (or a flush, or close): host bookkeeping of values
+        that do not change until then, moved off the launch path. The caller guarantees they do not (the model
+        runner makes its deferred records before it prepares the same graph again)."""
+        self._later.append((fn, args))
+        if len(self._later) >= LATER_MAX:
+            self.run_later()
+
+    def run_later(self) -> None:
+        """Run the deferred calls now, in the order they were deferred."""
+        while self._later:
+            fn, args = self._later.pop(0)  # taken off first: a call that raises is not made twice
+            fn(*args)
 
     def intern_layout(self, layout: Any) -> tuple[Any, ...]:
         """`layout` (name, torch dtype, shape, data_ptr per tensor) with numpy dtype names, as the one shared tuple
@@ -408,7 +438,7 @@ class Recorder:
 
     def _drain_ring(self, force: bool) -> None:
         ring = self.ring
-        if ring is None or ring.count == ring.drained:
+        if ring is None or ring.count == ring.drained or self._failed is not None:
             return
         if not force and ring.count - ring.drained < ring.drain_every:
             return
@@ -429,6 +459,8 @@ class Recorder:
         (one message per `ring.drain_every` steps, or every 20 ms)."""
         if self._failed is not None:
             return
+        if self._later:
+            self.run_later()
         if self._pending and time.perf_counter_ns() - self._pending[0].end_ns > 20_000_000:
             self._drain_all()  # a quiet run: do not hold its last steps back
         self._write_ready(limit)
@@ -442,6 +474,8 @@ class Recorder:
 
     def _write_ready(self, limit: int | None = None) -> bool:
         """Resolve pending steps in order while they are complete (at most `limit`); False when one is not."""
+        if self._later:
+            self.run_later()  # a step is resolved only with its whole record
         n = 0
         done: dict[int, int] = {}  # stamps completed per ring, asked once per pass
         while self._pending and (limit is None or n < limit):
@@ -470,6 +504,7 @@ class Recorder:
 
     def flush_pending(self) -> None:
         """Drain the ring, wait for the device and write every finished step now (a pause of the live viewer)."""
+        self.run_later()
         if self._failed is None:
             self._drain_all()
             if self.is_cuda:
@@ -524,6 +559,7 @@ class Recorder:
             self._failed = failing
         if self.is_cuda and self._failed is None:
             try:
+                self.run_later()
                 self._drain_all()
                 torch.cuda.synchronize(self.device)
                 self.poll(force_send=True, limit=None)
@@ -532,9 +568,11 @@ class Recorder:
                     raise
                 self._failed = e
         elif self._failed is None:
+            self.run_later()
             self._drain_all()
             self.poll(force_send=True, limit=None)
         if self._failed is not None:
+            self.run_later()  # host reads only: after a failure the ring is not drained again
             self._write_after_failure(self._failed)
         self.writer.close()
 

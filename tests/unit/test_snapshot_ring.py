@@ -96,3 +96,54 @@ def test_the_one_kernel_pack_takes_only_rows_its_single_block_is_faster_for() ->
     big_pages = 2 * MAX_VALUES // 64  # e.g. 32k tokens in 16-token pages at bs 64
     big = [torch.zeros(64, dtype=torch.int32)] * 3 + [torch.zeros(64 * big_pages, dtype=torch.int32)] + small[4:]
     assert not RingPacker.takes(big, torch.zeros(64, dtype=torch.int64), cols=big_pages)
+
+
+def test_deferred_ring_records_keep_their_rows_however_many_wait(tmp_path) -> None:
+    """Replays whose records are made later (`claim_row` at launch, `later` for the rest) still record their own
+    values when more of them wait than the ring has rows: claiming drains before the device could lap one."""
+    from specscope.tracer.process_writer import ProcessTraceWriter
+    from specscope.tracer.recorder import LATER_MAX, Recorder
+    from specscope.tracer.schema import ForwardMode, GraphPhase
+    from stepgen import make_run
+
+    path = str(tmp_path / "later.db")
+    rec = Recorder(ProcessTraceWriter(path, make_run()), torch.device("cpu"))
+    ring = rec.open_ring(width=8, budget_bytes=1)  # 16 rows
+    assert LATER_MAX > ring.rows  # the cap on deferred calls alone would not save these rows
+    layout = [("out_cache_loc", torch.int64, (4,), 0)]
+    made = []
+    for i in range(40):
+        r = rec.begin_step(iteration=i, mode=ForwardMode.DRAFT_DECODE, model="draft", step_id=0, batch_size=4,
+                           padded_batch_size=4, graph=GraphPhase.REPLAY, tokens_per_request=1, num_draft_tokens=4,
+                           page_size=16)
+        rec.assign_index(r)
+        ring.write(torch.full((4,), i, dtype=torch.int64))
+        seq = rec.claim_row()
+        rec.later(lambda r=r, seq=seq: (made.append(seq), rec.snapshot_ring(r, 4, layout, {}, seq)))
+        rec.end_step(r)
+    assert made and made == sorted(made) and len(made) < 40  # some ran early (the half-ring guard), in order
+    rec.poll(limit=None)
+    assert made == list(range(40))  # a poll makes every deferred record before it resolves a step
+    rec.close()
+    with TraceReader(path) as r:
+        assert [int(s.array("out_cache_loc").values[0]) for s in r.steps()] == list(range(40))
+
+
+def test_a_graph_prepared_again_first_makes_the_record_its_last_replay_deferred(tmp_path, monkeypatch) -> None:
+    """With no poll between iterations (the engine's own polls do nothing here), each deferred replay record is made
+    when its graph is prepared again, before the values it reads are rewritten: the trace still holds what the
+    per-step host copies record (seq_lens_cpu and the metadata of every replay)."""
+    real_poll = recorder_mod.Recorder.poll
+
+    def poll_only_to_close(self, force_send: bool = False, limit: int | None = 32) -> None:
+        if force_send:  # flush_pending and close
+            real_poll(self, force_send, limit)
+
+    monkeypatch.setattr(recorder_mod.Recorder, "poll", poll_only_to_close)
+    a = _record(str(tmp_path / "ring.db"), True, frozenset(), monkeypatch)
+    b = _record(str(tmp_path / "host.db"), False, frozenset(), monkeypatch)
+    assert a.num_steps() == b.num_steps() > 60
+    for sa, sb in zip(a.steps(), b.steps(), strict=True):
+        assert (sa.index, sa.graph, sa.scalars) == (sb.index, sb.graph, sb.scalars)
+        for x, y in zip(sa.arrays, sb.arrays, strict=True):
+            assert x.name == y.name and np.array_equal(x.values, y.values), (sa.index, x.name)
