@@ -17,6 +17,7 @@ backlog does not run into the next arm's run; the live checker is a separate pro
     python benchmarks/tracer_overhead.py                       # tiny and the 8B shape, bs 1/16/64, 15 rounds
     python benchmarks/tracer_overhead.py --quick --rounds 7    # shorter requests, fewer rounds
     SPECSCOPE_SNAPSHOT_RING=0 python benchmarks/tracer_overhead.py --models tiny   # the per-step host copies
+    SPECSCOPE_DEFER_SNAPSHOTS=0 python benchmarks/tracer_overhead.py --models llama3-8b   # replay records at launch
     python benchmarks/tracer_overhead.py --cpu --quick --models tiny --batch-sizes 1,4 --rounds 5 --out /tmp/t.json
                                                                # a CPU dry run of the harness (numbers meaningless)
 
@@ -178,7 +179,8 @@ def markdown(doc: dict[str, Any]) -> str:
            f"- GPU: {doc['gpu']} (SM {doc['capability']}), {doc['date']}",
            f"- versions: torch {v.get('torch')}, CUDA {v.get('cuda')}, flashinfer {v.get('flashinfer')}, "
            f"Python {v.get('python')}, specscope commit {v.get('git_commit')}",
-           f"- command: `{doc['command']}`; SPECSCOPE_SNAPSHOT_RING={doc['snapshot_ring_env'] or '(unset: on)'}",
+           f"- command: `{doc['command']}`; SPECSCOPE_SNAPSHOT_RING={doc['snapshot_ring_env'] or '(unset: on)'}; "
+           f"SPECSCOPE_* set: {' '.join(f'{k}={v}' for k, v in doc.get('specscope_env', {}).items()) or 'none'}",
            f"- CUDA graphs on, plan stream {'on' if doc['plan_stream'] else 'off'}, live checker "
            f"{'on' if doc.get('live_check', True) else 'off'}, {doc['spec_steps']} draft steps. "
            "Per cell three engines are built once and share the model weights: untraced, traced "
@@ -221,6 +223,7 @@ def write(args: argparse.Namespace, argv: list[str], torch: Any, rows: list[dict
                plan_stream=not args.no_plan_stream, live_check=not args.no_live_check, spec_steps=args.spec_steps,
                quick=args.quick,
                cpu_dry_run=args.cpu, snapshot_ring_env=os.environ.get("SPECSCOPE_SNAPSHOT_RING"),
+               specscope_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("SPECSCOPE_")},
                seconds=round(time.perf_counter() - t0, 1), rows=rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -49,13 +49,13 @@ case $part in
   overhead)
     # Issue 12's recorder numbers: traced / untraced (tiny, then the 8B shape), the recorder's host µs per call,
     # and how far %globaltimer drifts from the host clock (the recorder corrects none).
-    step overhead-tiny 120 python benchmarks/tracer_overhead.py --models tiny --quick --rounds 9 \
+    step overhead-tiny 240 python benchmarks/tracer_overhead.py --models tiny --quick --rounds 9 \
       --out "$work/tracer_overhead_tiny.json"
-    step overhead-8b 240 python benchmarks/tracer_overhead.py --models llama3-8b --quick --rounds 9 \
+    step overhead-8b 180 python benchmarks/tracer_overhead.py --models llama3-8b --quick --rounds 9 \
       --out "$work/tracer_overhead_8b_quick.json"
-    step recorder-host 90 python benchmarks/recorder_host.py --device cuda --batch-sizes 1,16 --new-tokens 40 \
+    step recorder-host 60 python benchmarks/recorder_host.py --device cuda --batch-sizes 1,16 --new-tokens 40 \
       --out "$work/recorder_host_cuda.json"
-    step clock-drift 100 python scripts/clock_drift.py --seconds 80 --every 2 --out "$work/clock_drift.json"
+    step clock-drift 60 python scripts/clock_drift.py --seconds 40 --every 2 --out "$work/clock_drift.json"
     ;;
 
 esac

@@ -12,4 +12,18 @@ mkdir -p .gpu/wheels
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" --platform "$plat" \
   --platform manylinux_2_17_x86_64 -d .gpu/wheels zstandard msgspec zlib-ng
 python3 -m pip download -q --no-deps --only-binary=:all: -d .gpu/wheels textual platformdirs linkify-it-py uc-micro-py
+# zstandard's wheel carries two backends; its C one is the one imported by default. Dropping the 12 MB cffi one keeps a
+# checkout plus .gpu/ under the 64 MiB a device tool carries (installed wheels are not checked against RECORD).
+python3 - <<'PY'
+import glob, os, zipfile
+for whl in glob.glob(".gpu/wheels/zstandard-*.whl"):
+    with zipfile.ZipFile(whl) as z:
+        keep = [(i, z.read(i)) for i in z.infolist() if not os.path.basename(i.filename).startswith("_cffi")]
+        dropped = len(z.infolist()) - len(keep)
+    if dropped:
+        with zipfile.ZipFile(whl + ".tmp", "w", zipfile.ZIP_DEFLATED) as z:
+            for info, data in keep:
+                z.writestr(info, data)
+        os.replace(whl + ".tmp", whl)
+PY
 ls .gpu/wheels
