@@ -76,12 +76,12 @@ class ModelRunner:
         self._replay_layouts: dict[tuple[Any, ...], tuple[Any, list[torch.Tensor]]] = {}
         self._crops: dict[int, dict[str, int]] = {}
         # Where the recorder can run host bookkeeping later (`Recorder.later`), a replay's snapshot record (layout,
-        # scalars, host mirror) is made at the next poll instead of between launches; the graph runners whose
-        # record is still to be made (each is made before that runner, or any eager forward, is prepared again).
+        # scalars, host mirror) is made at the next poll instead of between launches; the graph runners and backends
+        # whose record is still to be made (made before either, or any eager forward, is prepared again).
         self._later = getattr(recorder, "later", None) if recorder.enabled else None
         if os.environ.get("SPECSCOPE_DEFER_SNAPSHOTS") == "0":
             self._later = None  # (made at launch, as before: to measure what deferring saves)
-        self._later_runners: set[GraphRunner] = set()
+        self._later_runners: set[Any] = set()  # GraphRunners and TRTLLMHABackends
 
     def backend_for(self, mode: ForwardMode, step_id: int | None) -> TRTLLMHABackend:
         """The backend that serves a forward mode (draft decode step i has its own)."""
@@ -153,9 +153,9 @@ class ModelRunner:
     def prepare(self, live: ForwardBatch, runner: GraphRunner | None, rec: StepRecord | None = None) -> Prepared:
         """Metadata for the forward: `_apply` into the graph's buffers, or eager init (faults that changed it are
         noted on `rec`, for fault accounting)."""
-        if self._later_runners and (runner is None or runner in self._later_runners):
-            self._run_later()  # what a deferred record reads is about to be rewritten
         backend = self.backend_for(live.forward_mode, live.spec_step_id)
+        if self._later_runners and (runner is None or runner in self._later_runners or backend in self._later_runners):
+            self._run_later()  # what a deferred record reads (the graph's buffers, the backend's metadata) changes now
         if runner is None:
             live.attn_backend = backend
             backend.init_forward_metadata(live)
@@ -189,7 +189,7 @@ class ModelRunner:
                     # changes before this runner is prepared again, so it is made at the next poll, where the host
                     # waits for the GPU, not here, where the GPU may be waiting for the next launch.
                     seq = self.recorder.claim_row()  # type: ignore[union-attr]
-                    self._later_runners.add(prep.runner)
+                    self._later_runners.update((prep.runner, prep.backend))
                     self._later(self._record_replay, rec, prep.backend, prep.fb, ring_len, seq, prep.runner)
                 else:
                     self.record_snapshot(rec, prep.backend, prep.fb, packed, ring_len)
@@ -210,6 +210,7 @@ class ModelRunner:
     def _record_replay(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch, ring_len: int, seq: int,
                        runner: GraphRunner) -> None:
         self._later_runners.discard(runner)
+        self._later_runners.discard(backend)
         self.record_snapshot(rec, backend, fb, None, ring_len, seq)
 
     def record_attention(self, rec: StepRecord, prep: Prepared, replayed: bool) -> None:
