@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The H200 runs a session makes, in parts that each fit one 10-minute device call. From the project root on the
-# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | records | bench | overhead). Logs and results go to
+# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | recheck | records | bench | overhead). Logs and results go to
 # $OUT as one log file and one tarball (the device tool brings back at most 8 files). Run `tests` first on a fresh
 # machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
 # inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|records|bench|overhead}
-case $part in tests|records|bench|overhead) ;; *) echo "usage: gpu_batch.sh tests|records|bench|overhead" >&2; exit 2 ;; esac
+part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead}
+case $part in tests|recheck|records|bench|overhead) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
@@ -26,6 +26,17 @@ case $part in
     step detection 420 python scripts/detection_table.py --device cuda --out "$work/detection-h200.json" &
     step gpu-tests 420 python -m pytest -q -m gpu tests/gpu -rs -p no:cacheprovider
     wait
+    step sticky 60 bash -c "specscope run --device cuda --inject wild-page-id --requests 4 --batch-size 2 \
+      --max-new-tokens 16 -o $work/sticky.db; echo rc=\$?; specscope check $work/sticky.db --max-per-check 2"
+    ;;
+  recheck)
+    # What session 9's GPU run of the deferred replay records (1f074cb) did not reach before its time limit: the
+    # sticky error, the snapshot ring against host copies, the last fault tests, ring pack and stamps; then the
+    # sticky run of the detection table.
+    step recheck 420 python -m pytest -q -m gpu -rs -p no:cacheprovider \
+      "tests/gpu/test_engine_gpu.py::test_sticky_cuda_error_keeps_every_pending_step" \
+      "tests/gpu/test_engine_gpu.py::test_snapshot_ring_records_what_host_copies_record_on_gpu" \
+      "tests/gpu/test_engine_gpu.py::test_fault_is_caught_on_gpu" tests/gpu/test_ring_pack_gpu.py tests/gpu/test_stamps_gpu.py
     step sticky 60 bash -c "specscope run --device cuda --inject wild-page-id --requests 4 --batch-size 2 \
       --max-new-tokens 16 -o $work/sticky.db; echo rc=\$?; specscope check $work/sticky.db --max-per-check 2"
     ;;
