@@ -312,7 +312,7 @@ class Recorder:
     def later(self, fn: Callable[..., None], *args: Any) -> None:
         """Run `fn(*args)` before the next poll resolves a step (or a flush, or close): host bookkeeping of values
         that do not change until then, moved off the launch path. The caller guarantees they do not (the model
-        runner makes its deferred records before it prepares the same graph again)."""
+        runner makes its deferred records before it prepares the same graph or backend again)."""
         self._later.append((fn, args))
         if len(self._later) >= LATER_MAX:
             self.run_later()
