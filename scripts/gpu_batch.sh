@@ -31,12 +31,14 @@ case $part in
     ;;
   recheck)
     # What session 9's GPU run of the deferred replay records (1f074cb) did not reach before its time limit: the
-    # sticky error, the snapshot ring against host copies, the last fault tests, ring pack and stamps; then the
-    # sticky run of the detection table.
+    # sticky error, the snapshot ring against host copies, the last fault tests, ring pack and stamps; the clock
+    # brackets (written after that run); then the sticky run of the detection table.
     step recheck 420 python -m pytest -q -m gpu -rs -p no:cacheprovider \
       "tests/gpu/test_engine_gpu.py::test_sticky_cuda_error_keeps_every_pending_step" \
       "tests/gpu/test_engine_gpu.py::test_snapshot_ring_records_what_host_copies_record_on_gpu" \
-      "tests/gpu/test_engine_gpu.py::test_fault_is_caught_on_gpu" tests/gpu/test_ring_pack_gpu.py tests/gpu/test_stamps_gpu.py
+      "tests/gpu/test_engine_gpu.py::test_fault_is_caught_on_gpu" \
+      "tests/gpu/test_engine_gpu.py::test_a_gpu_run_records_its_clock_brackets" \
+      tests/gpu/test_ring_pack_gpu.py tests/gpu/test_stamps_gpu.py
     step sticky 60 bash -c "specscope run --device cuda --inject wild-page-id --requests 4 --batch-size 2 \
       --max-new-tokens 16 -o $work/sticky.db; echo rc=\$?; specscope check $work/sticky.db --max-per-check 2"
     ;;

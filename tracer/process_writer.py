@@ -512,6 +512,8 @@ def _child_main() -> int:
                     writer.write_parts(parts_from_raw(raw))
             elif kind == "request":
                 writer.write_request(RequestRecord.from_dict(payload))
+            elif kind == "meta":
+                writer.write_meta(*payload)
             elif kind == "violations":
                 vs, source = payload
                 writer.add_violations([Violation.from_dict(v) for v in vs], source)
@@ -803,6 +805,10 @@ class ProcessTraceWriter:
     def write_request(self, rec: RequestRecord) -> None:
         """Queue a finished request."""
         self._send("request", rec.to_dict())
+
+    def write_meta(self, key: str, value: str) -> None:
+        """Queue a `meta` row (see `TraceWriter.write_meta`)."""
+        self._send("meta", (str(key), str(value)))
 
     def flush(self) -> None:
         """Wait until everything sent is committed."""

@@ -16,6 +16,7 @@ accounting only, the injected faults that changed a step. Only `tracer/checks.py
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -30,7 +31,7 @@ import torch
 from .process_writer import ProcessTraceWriter
 from .ring_pack import RingPacker, fused_wanted
 from .schema import CallError, ForwardMode, GraphPhase, RequestRecord
-from .stamps import DrainedRing, StampClock, StampRing
+from .stamps import DrainedRing, StampClock, StampRing, bracket_offset
 
 _NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8",
               torch.bool: "bool", torch.float32: "float32"}
@@ -43,6 +44,17 @@ DRAIN_EVERY = 8  # replays per snapshot-ring drain: few enough that a drain neve
 RESOLVE_PER_POLL = 32  # steps resolved per hot-path poll (an iteration makes 3-7)
 DRAIN_STAMPS = 16  # undrained stamps of a stream before a poll drains them for the step waiting on them
 LATER_MAX = 32  # deferred calls (`Recorder.later`) held before they run anyway
+
+
+# `meta` keys of the stamp clock's offset to the host clock (the GPU's %globaltimer; on the CPU stamps are host
+# times), bracketed at the recorder's start and at its clean close.
+CLOCK_START, CLOCK_END = "stamp_clock_start", "stamp_clock_end"
+
+
+def clock_fact(bracket_ns: int, at_ns: int, offset_ns: int) -> str:
+    """One bracket of the stamp clock's offset (host ns - stamp ns, `offset_ns`) as a `meta` value: measured at host
+    time `at_ns` (perf_counter_ns), good to +-`bracket_ns` / 2."""
+    return json.dumps({"bracket_ns": int(bracket_ns), "at_ns": int(at_ns), "offset_ns": int(offset_ns)})
 
 
 def keep_until_exit(*objs: Any) -> None:
@@ -248,6 +260,8 @@ class Recorder:
         self._np_views: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # see snapshot_host
         self.compute_stamps = self.stamp_ring("compute", torch.cuda.current_stream(device) if self.is_cuda else None)
         self.clock = StampClock(self.compute_stamps)  # device stamps -> host ns, measured once
+        clock = self.clock
+        self.writer.write_meta(CLOCK_START, clock_fact(clock.bracket_ns, clock.at_ns, clock.offset_ns))
 
     def open_ring(self, width: int, budget_bytes: int | None = None) -> SnapshotRing:
         """The device rows captured graphs write their snapshots into (`width` int64 per row, the largest pack a
@@ -563,6 +577,7 @@ class Recorder:
                 self._drain_all()
                 torch.cuda.synchronize(self.device)
                 self.poll(force_send=True, limit=None)
+                self._write_clock_end()
             except Exception as e:  # noqa: BLE001 - only sticky CUDA errors are absorbed here
                 if not is_sticky_cuda_error(e):
                     raise
@@ -571,10 +586,16 @@ class Recorder:
             self.run_later()
             self._drain_all()
             self.poll(force_send=True, limit=None)
+            self._write_clock_end()
         if self._failed is not None:
             self.run_later()  # host reads only: after a failure the ring is not drained again
             self._write_after_failure(self._failed)
         self.writer.close()
+
+    def _write_clock_end(self) -> None:
+        # The offset measured again where the run synchronizes anyway: how far the stamp clock drifted against the
+        # host's over the run (nothing corrects it; `specscope info` shows it for a GPU run).
+        self.writer.write_meta(CLOCK_END, clock_fact(*bracket_offset(self.compute_stamps, 3)))
 
     def _write_after_failure(self, err: BaseException) -> None:
         """Write every step still held from host-side data only: the pending ones and those launched but not

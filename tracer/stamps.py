@@ -222,9 +222,9 @@ class StampClock:
     are exact relative to each other, which is what the checks compare."""
 
     def __init__(self, ring: StampRing, tries: int = 5) -> None:
-        self.offset_ns, self.bracket_ns = 0, 0  # CPU stamps are host times already
+        self.offset_ns, self.bracket_ns, self.at_ns = 0, 0, time.perf_counter_ns()  # CPU stamps are host times
         if ring.is_cuda:
-            self.bracket_ns, _, self.offset_ns = bracket_offset(ring, tries)
+            self.bracket_ns, self.at_ns, self.offset_ns = bracket_offset(ring, tries)
 
     def ns(self, device_ns: int) -> int:
         """A device stamp on the host clock."""

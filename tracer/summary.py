@@ -62,6 +62,7 @@ def summarize(reader: TraceReader, *, decode: Decoder | None = None, tokenizer: 
         "num_violations": sum(violations_by_id.values()),
         "violations_by_id": dict(sorted(violations_by_id.items(), key=lambda kv: _natural(kv[0]))),
         "violations_source": violations_source,
+        "gpu_clock": gpu_clock(reader.meta()) if run.device != "cpu" else None,
         "text": {
             "tokenizer": tokenizer if decode is not None else "ids",
             "output_chars": out_chars if decode is not None else None,
@@ -128,6 +129,28 @@ def _ordered_modes(counts: dict[str, int]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else 99, kv[0])))
 
 
+def gpu_clock(meta: dict[str, str]) -> dict[str, Any] | None:
+    """The stamp clock's offset brackets the recorder wrote (`meta` stamp_clock_start / stamp_clock_end) and the
+    drift between them (what it means on a GPU run: `summarize` leaves CPU runs out); None without them (older
+    traces, SGLang's)."""
+    def bracket(key: str) -> tuple[int, int, int] | None:
+        try:
+            v = json.loads(meta[key])
+            return int(v["bracket_ns"]), int(v["at_ns"]), int(v["offset_ns"])
+        except (KeyError, ValueError, TypeError):
+            return None
+
+    a, b = bracket("stamp_clock_start"), bracket("stamp_clock_end")
+    if a is None:
+        return None
+    out: dict[str, Any] = {"start_bracket_us": a[0] / 1e3, "start_offset_ns": a[2]}
+    if b is not None and b[1] > a[1]:
+        elapsed, drift = b[1] - a[1], b[2] - a[2]
+        out.update(end_bracket_us=b[0] / 1e3, end_offset_ns=b[2], elapsed_s=elapsed / 1e9, drift_us=drift / 1e3,
+                   drift_ppm=drift / elapsed * 1e6)
+    return out
+
+
 def format_summary(d: dict[str, Any]) -> str:
     """Human-readable text of a `summarize` dict."""
     run = d["run"]
@@ -146,6 +169,16 @@ def format_summary(d: dict[str, Any]) -> str:
     dur = d.get("duration_ns")
     dur_s = f", {dur / 1e9:.3f} s" if dur is not None else ""
     out.append("")
+    clock = d.get("gpu_clock")
+    if clock:
+        line = f"clock    GPU stamps on the host clock by an offset bracketed to {clock['start_bracket_us']:.1f} us"
+        if clock.get("drift_us") is not None:
+            line += (f"; by close it had moved {clock['drift_us']:+.1f} us ({clock['drift_ppm']:+.2f} ppm over "
+                     f"{clock['elapsed_s']:.1f} s, bracket {clock['end_bracket_us']:.1f} us): GPU spans against host "
+                     "times are off by up to that (against each other they are exact)")
+        else:
+            line += "; no bracket at close (the run did not close cleanly)"
+        out.append(line)
     out.append(f"steps    {d['steps']} in {d['iterations']} iterations{dur_s}")
     for mode, n in d["steps_by_mode"].items():
         out.append(f"  {mode:<14} {n:>9}")

@@ -169,6 +169,10 @@ class TraceWriter:
             raise TypeError(f"write_request expects a RequestRecord, got {type(rec).__name__}")
         self._put(("request", rec))
 
+    def write_meta(self, key: str, value: str) -> None:
+        """Queue a `meta` row (inserted, or replacing the value of `key`): run-level facts learnt while recording."""
+        self._put(("meta", (str(key), str(value))))
+
     def add_violations(self, violations: Iterable[Violation], source: str = "check") -> None:
         """Queue violations found outside the recorder (e.g. by a checker) for the violations table."""
         self._put(("violations", (list(violations), source)))
@@ -280,6 +284,8 @@ class TraceWriter:
             return self._step_op(tables.columns_from_parts(payload))
         if kind == "request":
             return _Op("rows", sql=tables.UPSERT_REQUEST, rows=[tables.request_row(payload)])
+        if kind == "meta":
+            return _Op("rows", sql="INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", rows=[payload])
         if kind == "violations":
             vs, source = payload
             return _Op("rows", sql=tables.INSERT_VIOLATION, rows=[tables.violation_row(v, source) for v in vs])

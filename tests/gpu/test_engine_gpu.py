@@ -185,3 +185,26 @@ def test_snapshot_ring_records_what_host_copies_record_on_gpu(tmp_path, monkeypa
                 assert np.array_equal(x.values, y.values), (sa.index, x.name)
         assert replays > 48
     assert _errors(paths["1"]) == [] and _errors(paths["0"]) == []
+
+
+def test_a_gpu_run_records_its_clock_brackets(tmp_path) -> None:
+    """The recorder brackets the GPU clock's offset at its start and again at close (meta rows), so `info` can say
+    how far GPU spans drifted against host times over the run; a short run drifts by well under a bracket."""
+    import json
+    import subprocess
+    import sys
+
+    from specscope.tracer.recorder import CLOCK_END, CLOCK_START
+    from specscope.tracer.summary import gpu_clock
+
+    _, path, _ = _run(tmp_path, "clock", num_requests=4, max_new_tokens=16)
+    with TraceReader(path) as r:
+        meta = r.meta()
+    start, end = json.loads(meta[CLOCK_START]), json.loads(meta[CLOCK_END])
+    assert 0 < start["bracket_ns"] < 200_000 and 0 < end["bracket_ns"] < 200_000
+    assert end["at_ns"] > start["at_ns"]
+    clock = gpu_clock(meta)
+    assert clock is not None and abs(clock["drift_us"]) < 50  # ~2 ppm over a few seconds: well under 1 µs
+    p = subprocess.run([sys.executable, "-m", "specscope.ui.cli", "info", "--no-check", path], capture_output=True,
+                       text=True)
+    assert p.returncode == 0 and "by close it had moved" in p.stdout, p.stdout + p.stderr

@@ -185,3 +185,57 @@ def test_info_decodes_hf_checkpoints_with_their_tokenizer(tmp_path: Path) -> Non
     assert d["text"]["tokenizer"] == "ids" and d["requests"][0]["output_text"] is None
     out = run_cli("info", "--text", path).stdout
     assert "no tokenizer for this model (token ids shown)" in out and f"output ids {list(ids)}" in out
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_info_shows_the_gpu_clock_brackets_and_their_drift(tmp_path: Path, writer: str) -> None:
+    """A GPU run's recorder writes its clock-offset brackets (start, close) as meta rows; info turns them into the
+    drift of the GPU clock against the host's over the run, and says when the close bracket is missing."""
+    from specscope.tracer.process_writer import ProcessTraceWriter
+    from specscope.tracer.recorder import CLOCK_END, CLOCK_START, clock_fact
+
+    run = dataclasses.replace(make_run(), device="cuda:0")
+
+    def write(path: str, closed_cleanly: bool) -> str:
+        w = TraceWriter(path, run) if writer == "thread" else ProcessTraceWriter(path, run)
+        w.write_meta(CLOCK_START, clock_fact(14_000, 1_000_000_000, 5_000_000))
+        for i in range(NUM_STEPS):
+            w.write_step(make_step(i))
+        if closed_cleanly:  # 78 s later the offset had moved -158 µs: -2.03 ppm
+            w.write_meta(CLOCK_END, clock_fact(16_000, 79_000_000_000, 5_000_000 - 158_000))
+        w.close()
+        return path
+
+    path = write(str(tmp_path / "clock.db"), True)
+    with TraceReader(path) as r:
+        assert json.loads(r.meta()[CLOCK_START])["bracket_ns"] == 14_000
+        clock = summarize(r, run_checks=False)["gpu_clock"]
+    assert clock["drift_us"] == -158.0 and clock["elapsed_s"] == 78.0
+    assert abs(clock["drift_ppm"] - (-158_000 / 78e9 * 1e6)) < 1e-9
+    p = run_cli("info", "--no-check", path)
+    assert p.returncode == 0, p.stderr
+    assert "bracketed to 14.0 us; by close it had moved -158.0 us (-2.03 ppm over 78.0 s, bracket 16.0 us)" in p.stdout
+    p = run_cli("info", "--no-check", write(str(tmp_path / "open.db"), False))
+    assert "bracketed to 14.0 us; no bracket at close" in p.stdout
+    p = run_cli("info", "--no-check", write_small_trace(str(tmp_path / "old.db")))
+    assert "clock " not in p.stdout  # a trace without brackets (older ones, SGLang's) shows no clock line
+
+
+def test_a_cpu_run_records_its_stamp_clock_brackets_and_info_leaves_them_out(tmp_path: Path) -> None:
+    """The recorder writes both brackets on the CPU too (the same code path as a GPU run's); there the stamps are
+    host times, so `info` prints no clock line."""
+    from specscope.backend.engine_config import EngineConfig
+    from specscope.backend.session import run_session
+    from specscope.tracer.recorder import CLOCK_END, CLOCK_START
+
+    path = str(tmp_path / "cpu.db")
+    run_session(EngineConfig(model="tiny", draft="tiny-draft", device="cpu", batch_size=2, num_requests=2,
+                             max_new_tokens=8, spec_steps=2), path, command="test_info")
+    with TraceReader(path) as r:
+        meta = r.meta()
+        assert r.run.device == "cpu"
+    start, end = json.loads(meta[CLOCK_START]), json.loads(meta[CLOCK_END])
+    assert start["offset_ns"] == 0 and end["at_ns"] > start["at_ns"] and end["bracket_ns"] >= 0
+    p = run_cli("info", "--no-check", path)
+    assert p.returncode == 0, p.stderr
+    assert "clock " not in p.stdout

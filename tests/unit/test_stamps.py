@@ -74,6 +74,10 @@ def test_row_ranges_wrap() -> None:
 class _Writer:
     def __init__(self) -> None:
         self.steps: list[dict] = []
+        self.meta: dict[str, str] = {}
+
+    def write_meta(self, key: str, value: str) -> None:
+        self.meta[key] = value
 
     def write_raw_step(self, raw: dict) -> None:
         self.steps.append(raw)
