@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The H200 runs a session makes, in parts that each fit one 10-minute device call. From the project root on the
-# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | recheck | records | bench | overhead). Logs and results go to
+# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | recheck | records | bench | overhead | switches). Logs and results go to
 # $OUT as one log file and one tarball (the device tool brings back at most 8 files). Run `tests` first on a fresh
 # machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
 # inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead}
-case $part in tests|recheck|records|bench|overhead) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead" >&2; exit 2 ;; esac
+part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches}
+case $part in tests|recheck|records|bench|overhead|switches) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
@@ -70,7 +70,19 @@ case $part in
       --out "$work/recorder_host_cuda.json"
     step clock-drift 60 python scripts/clock_drift.py --seconds 40 --every 2 --out "$work/clock_drift.json"
     ;;
-
+  switches)
+    # The recorder's switches against the default, as alternating processes (two passes, so each switch has a
+    # neighbour of the default on both sides): tiny and the 8B shape at bs 1, 7 rounds, 45 s each (12 x 45 s fit one
+    # call). Run `tests` first on a fresh machine (tiny's first process JIT-compiles for ~90 s).
+    for pass in 1 2; do
+      for sw in default SPECSCOPE_DEFER_SNAPSHOTS=0 SPECSCOPE_TRACE_SENDER=0; do
+        for m in tiny llama3-8b; do
+          step "$m-$sw-$pass" 45 env ${sw/default/SPECSCOPE_SWITCH=none} python benchmarks/tracer_overhead.py \
+            --models $m --batch-sizes 1 --quick --rounds 7 --out "$work/switch_${m}_${sw%%=*}_$pass.json"
+        done
+      done
+    done
+    ;;
 esac
 rm -rf "$work/k"
 tar czf "$out/res-$part.tgz" -C "$work" . 2>>"$log"
