@@ -176,8 +176,10 @@ def format_summary(d: dict[str, Any]) -> str:
             line += (f"; by close it had moved {clock['drift_us']:+.1f} us ({clock['drift_ppm']:+.2f} ppm over "
                      f"{clock['elapsed_s']:.1f} s, bracket {clock['end_bracket_us']:.1f} us): GPU spans against host "
                      "times are off by up to that (against each other they are exact)")
+        elif d["is_closed"]:
+            line += "; no bracket at close (the run ended on an error)"
         else:
-            line += "; no bracket at close (the run did not close cleanly)"
+            line += "; no bracket at close yet (live, or the run was killed)"
         out.append(line)
     out.append(f"steps    {d['steps']} in {d['iterations']} iterations{dur_s}")
     for mode, n in d["steps_by_mode"].items():

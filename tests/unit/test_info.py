@@ -215,8 +215,16 @@ def test_info_shows_the_gpu_clock_brackets_and_their_drift(tmp_path: Path, write
     p = run_cli("info", "--no-check", path)
     assert p.returncode == 0, p.stderr
     assert "bracketed to 14.0 us; by close it had moved -158.0 us (-2.03 ppm over 78.0 s, bracket 16.0 us)" in p.stdout
-    p = run_cli("info", "--no-check", write(str(tmp_path / "open.db"), False))
-    assert "bracketed to 14.0 us; no bracket at close" in p.stdout
+    p = run_cli("info", "--no-check", write(str(tmp_path / "failed.db"), False))  # closed, but no close bracket
+    assert "bracketed to 14.0 us; no bracket at close (the run ended on an error)" in p.stdout
+    live = TraceWriter(str(tmp_path / "live.db"), run)  # still being written: its close bracket is yet to come
+    live.write_meta(CLOCK_START, clock_fact(14_000, 1_000_000_000, 5_000_000))
+    for i in range(NUM_STEPS):
+        live.write_step(make_step(i))
+    live.flush()
+    p = run_cli("info", "--no-check", str(tmp_path / "live.db"))
+    live.close()
+    assert "no bracket at close yet (live, or the run was killed)" in p.stdout, p.stdout + p.stderr
     p = run_cli("info", "--no-check", write_small_trace(str(tmp_path / "old.db")))
     assert "clock " not in p.stdout  # a trace without brackets (older ones, SGLang's) shows no clock line
 
