@@ -40,7 +40,9 @@ def test_ring_records_what_host_copies_record(tmp_path, monkeypatch, faults) -> 
         for x, y in zip(sa.arrays, sb.arrays, strict=True):
             assert (x.dtype, x.shape) == (y.dtype, y.shape), (sa.index, x.name)
             assert np.array_equal(x.values, y.values), (sa.index, x.name)
-    assert replays > 16 * 3  # the 16-row ring wrapped
+    # The 16-row ring went round at least three times. The count depends on the prompts, which come from the running
+    # Python's own standard library: 60 replays under CPython 3.11.7, 48 under Debian's 3.11.2.
+    assert replays >= 16 * 3
     ids = lambda r: sorted({(v.check_id, v.step) for v in check_steps(r.steps(), r.run)})  # noqa: E731
     assert ids(a) == ids(b)
     assert bool(ids(a)) == bool(faults)
