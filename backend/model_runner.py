@@ -81,7 +81,7 @@ class ModelRunner:
         self._later = getattr(recorder, "later", None) if recorder.enabled else None
         if os.environ.get("SPECSCOPE_DEFER_SNAPSHOTS") == "0":
             self._later = None  # (made at launch, as before: to measure what deferring saves)
-        self._later_runners: set[Any] = set()  # GraphRunners and TRTLLMHABackends
+        self._deferred_for: set[Any] = set()  # GraphRunners and TRTLLMHABackends
 
     def backend_for(self, mode: ForwardMode, step_id: int | None) -> TRTLLMHABackend:
         """The backend that serves a forward mode (draft decode step i has its own)."""
@@ -154,7 +154,7 @@ class ModelRunner:
         """Metadata for the forward: `_apply` into the graph's buffers, or eager init (faults that changed it are
         noted on `rec`, for fault accounting)."""
         backend = self.backend_for(live.forward_mode, live.spec_step_id)
-        if self._later_runners and (runner is None or runner in self._later_runners or backend in self._later_runners):
+        if self._deferred_for and (runner is None or runner in self._deferred_for or backend in self._deferred_for):
             self._run_later()  # what a deferred record reads (the graph's buffers, the backend's metadata) changes now
         if runner is None:
             live.attn_backend = backend
@@ -189,7 +189,7 @@ class ModelRunner:
                     # changes before this runner is prepared again, so it is made at the next poll, where the host
                     # waits for the GPU, not here, where the GPU may be waiting for the next launch.
                     seq = self.recorder.claim_row()  # type: ignore[union-attr]
-                    self._later_runners.update((prep.runner, prep.backend))
+                    self._deferred_for.update((prep.runner, prep.backend))
                     self._later(self._record_replay, rec, prep.backend, prep.fb, ring_len, seq, prep.runner)
                 else:
                     self.record_snapshot(rec, prep.backend, prep.fb, packed, ring_len)
@@ -204,13 +204,13 @@ class ModelRunner:
         return logits
 
     def _run_later(self) -> None:
-        if self._later_runners:
+        if self._deferred_for:
             self.recorder.run_later()  # type: ignore[union-attr]
 
     def _record_replay(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch, ring_len: int, seq: int,
                        runner: GraphRunner) -> None:
-        self._later_runners.discard(runner)
-        self._later_runners.discard(backend)
+        self._deferred_for.discard(runner)
+        self._deferred_for.discard(backend)
         self.record_snapshot(rec, backend, fb, None, ring_len, seq)
 
     def record_attention(self, rec: StepRecord, prep: Prepared, replayed: bool) -> None:

@@ -20,14 +20,17 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log everything, pri
   local rc=$?
   echo "=== $name rc=$rc $(date +%T)" | tee -a "$log"
 }
+sticky_run() {  # a run that hits a sticky CUDA error (wild page id), and what the checker says of its trace
+  step sticky 60 bash -c "specscope run --device cuda --inject wild-page-id --requests 4 --batch-size 2 \
+    --max-new-tokens 16 -o $work/sticky.db; echo rc=\$?; specscope check $work/sticky.db --max-per-check 2"
+}
 case $part in
   tests)
     # The detection table runs beside the tests (same GPU, tiny models; neither measures time).
     step detection 420 python scripts/detection_table.py --device cuda --out "$work/detection-h200.json" &
     step gpu-tests 420 python -m pytest -q -m gpu tests/gpu -rs -p no:cacheprovider
     wait
-    step sticky 60 bash -c "specscope run --device cuda --inject wild-page-id --requests 4 --batch-size 2 \
-      --max-new-tokens 16 -o $work/sticky.db; echo rc=\$?; specscope check $work/sticky.db --max-per-check 2"
+    sticky_run
     ;;
   recheck)
     # What session 9's GPU run of the deferred replay records (1f074cb) did not reach before its time limit: the
@@ -39,8 +42,7 @@ case $part in
       "tests/gpu/test_engine_gpu.py::test_fault_is_caught_on_gpu" \
       "tests/gpu/test_engine_gpu.py::test_a_gpu_run_records_its_clock_brackets" \
       tests/gpu/test_ring_pack_gpu.py tests/gpu/test_stamps_gpu.py
-    step sticky 60 bash -c "specscope run --device cuda --inject wild-page-id --requests 4 --batch-size 2 \
-      --max-new-tokens 16 -o $work/sticky.db; echo rc=\$?; specscope check $work/sticky.db --max-per-check 2"
+    sticky_run
     ;;
   records)
     step retest 200 python -m pytest -q -m gpu -rs -p no:cacheprovider \

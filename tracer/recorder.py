@@ -117,43 +117,28 @@ class StepRecord:
     done_event: Any = None  # CUDA event after the last async copy of this step (host-copied snapshots only)
 
 
-class _DeviceSpan:
-    """`Recorder.span` on a stamp ring: a stamp on entry and on a clean exit (a small class: a generator-based
-    context manager cost several µs per span on the launch path)."""
+class _Span:
+    """`Recorder.span`: on a stamp ring, a stamp on entry and on a clean exit; without one (a host region on a GPU
+    run), host clock times. A small class: a generator-based context manager cost several µs per span on the launch
+    path."""
 
     __slots__ = ("recs", "stream", "name", "ring", "a")
 
-    def __init__(self, recs: list[StepRecord], stream: str, name: str, ring: StampRing) -> None:
+    def __init__(self, recs: list[StepRecord], stream: str, name: str, ring: StampRing | None) -> None:
         self.recs, self.stream, self.name, self.ring, self.a = recs, stream, name, ring, 0
 
     def __enter__(self) -> None:
-        self.a = self.ring.stamp()
+        self.a = self.ring.stamp() if self.ring is not None else time.perf_counter_ns()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         if exc_type is None:
             ring = self.ring
-            b = ring.stamp()
+            if ring is None:
+                start, end = self.a, time.perf_counter_ns()
+            else:
+                start, end = (ring, self.a), (ring, ring.stamp())
             for r in self.recs:
-                r.spans.append(_PendingSpan(self.stream, self.name, (ring, self.a), (ring, b)))
-        return False
-
-
-class _HostSpan:
-    """`Recorder.span` of a host region on a GPU run: host clock times on entry and on a clean exit."""
-
-    __slots__ = ("recs", "stream", "name", "t0")
-
-    def __init__(self, recs: list[StepRecord], stream: str, name: str) -> None:
-        self.recs, self.stream, self.name, self.t0 = recs, stream, name, 0
-
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter_ns()
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        if exc_type is None:
-            t1 = time.perf_counter_ns()
-            for r in self.recs:
-                r.spans.append(_PendingSpan(self.stream, self.name, self.t0, t1))
+                r.spans.append(_PendingSpan(self.stream, self.name, start, end))
         return False
 
 
@@ -381,15 +366,13 @@ class Recorder:
             ring.on_lap = lambda below, r=ring: self._read_out_stamps(r, below)
         return ring
 
-    def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> _DeviceSpan | _HostSpan:
+    def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> _Span:
         """Time a region for one step or a list of steps (a context manager): with device stamps on `cuda_stream` on
         a GPU (stamps on the CPU are host times), with the host clock for a host region (`cuda_stream` None on a
         GPU). A body that raises leaves no span (after a sticky CUDA error nothing may be launched any more). Span
         names are documented in docs/trace-format.md ("producers", "metadata", "forward")."""
-        recs = _recs(rec)
-        if self.is_cuda and cuda_stream is None:
-            return _HostSpan(recs, stream, name)
-        return _DeviceSpan(recs, stream, name, self.stamp_ring(stream, cuda_stream))
+        host = self.is_cuda and cuda_stream is None
+        return _Span(_recs(rec), stream, name, None if host else self.stamp_ring(stream, cuda_stream))
 
     def graph_span(self, rec: StepRecord, stream: str, name: str, ring: StampRing) -> None:
         """A span a graph replay just launched stamped itself (its first and last node, on `ring`'s stream): the
@@ -473,8 +456,6 @@ class Recorder:
         (one message per `ring.drain_every` steps, or every 20 ms)."""
         if self._failed is not None:
             return
-        if self._later:
-            self.run_later()
         if self._pending and time.perf_counter_ns() - self._pending[0].end_ns > 20_000_000:
             self._drain_all()  # a quiet run: do not hold its last steps back
         self._write_ready(limit)
@@ -489,7 +470,7 @@ class Recorder:
     def _write_ready(self, limit: int | None = None) -> bool:
         """Resolve pending steps in order while they are complete (at most `limit`); False when one is not."""
         if self._later:
-            self.run_later()  # a step is resolved only with its whole record
+            self.run_later()  # a step is resolved only with its whole record (every poll, flush and close comes here)
         n = 0
         done: dict[int, int] = {}  # stamps completed per ring, asked once per pass
         while self._pending and (limit is None or n < limit):
@@ -518,7 +499,6 @@ class Recorder:
 
     def flush_pending(self) -> None:
         """Drain the ring, wait for the device and write every finished step now (a pause of the live viewer)."""
-        self.run_later()
         if self._failed is None:
             self._drain_all()
             if self.is_cuda:
@@ -573,7 +553,6 @@ class Recorder:
             self._failed = failing
         if self.is_cuda and self._failed is None:
             try:
-                self.run_later()
                 self._drain_all()
                 torch.cuda.synchronize(self.device)
                 self.poll(force_send=True, limit=None)
@@ -583,12 +562,11 @@ class Recorder:
                     raise
                 self._failed = e
         elif self._failed is None:
-            self.run_later()
             self._drain_all()
             self.poll(force_send=True, limit=None)
             self._write_clock_end()
         if self._failed is not None:
-            self.run_later()  # host reads only: after a failure the ring is not drained again
+            self.run_later()  # poll resolves nothing after a failure; host reads only (the ring is not drained again)
             self._write_after_failure(self._failed)
         self.writer.close()
 

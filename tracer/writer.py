@@ -49,6 +49,7 @@ DICT_SAMPLES = 256  # bodies the zstd dictionary is trained on (the trace's firs
 DICT_BYTES = 16384
 _STOP = "stop"
 _FLUSH = "flush"
+_SET_META = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"  # a meta row, inserted or replaced
 
 
 def connect_rw(path: str, timeout: float = 30.0) -> sqlite3.Connection:
@@ -285,7 +286,7 @@ class TraceWriter:
         if kind == "request":
             return _Op("rows", sql=tables.UPSERT_REQUEST, rows=[tables.request_row(payload)])
         if kind == "meta":
-            return _Op("rows", sql="INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", rows=[payload])
+            return _Op("rows", sql=_SET_META, rows=[payload])
         if kind == "violations":
             vs, source = payload
             return _Op("rows", sql=tables.INSERT_VIOLATION, rows=[tables.violation_row(v, source) for v in vs])
@@ -420,7 +421,7 @@ class _StepRows:
         tables.INSERT_SPAN,
         tables.INSERT_FAULT,
         tables.INSERT_VIOLATION,
-        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+        _SET_META,
     )
 
     def __init__(self) -> None:
