@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The H200 runs a session makes, in parts that each fit one 10-minute device call. From the project root on the
-# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | recheck | records | bench | overhead | switches). Logs and results go to
+# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | recheck | records | bench | overhead | switches | diag). Logs and results go to
 # $OUT as one log file and one tarball (the device tool brings back at most 8 files). Run `tests` first on a fresh
 # machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
 # inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches}
-case $part in tests|recheck|records|bench|overhead|switches) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches" >&2; exit 2 ;; esac
+part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag}
+case $part in tests|recheck|records|bench|overhead|switches|diag) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
@@ -84,6 +84,27 @@ case $part in
         done
       done
     done
+    ;;
+  diag)
+    # Where tiny bs 1's traced iteration loses its time: the CPU layout, a JIT warm-up, a py-spy profile of
+    # alternating off / on rounds (host_profile.py; .gpu/pyspy carries the wheel), and the writer-side switches
+    # (no live checker; the writer child discarding; the pipe written on the engine's thread) against the default,
+    # each one process of host_profile's alternating rounds.
+    { lscpu; nproc; for c in 0 1 2 8; do echo "cpu$c siblings $(cat /sys/devices/system/cpu/cpu$c/topology/thread_siblings_list)"; done; } >"$work/cpus.txt" 2>&1
+    python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .gpu/pyspy/*.whl >>"$log" 2>&1
+    step warm 240 python scripts/host_profile.py tiny:1 --rounds 3 --per-round 2
+    step spy 150 /tmp/pyspy/bin/py-spy record --idle --threads -r 400 -f raw -o "$work/prof_tiny1.txt" -- \
+      python scripts/host_profile.py tiny:1 --rounds 12 --per-round 6
+    python scripts/host_profile.py --summarize "$work/prof_tiny1.txt" --top 40 >"$work/prof_tiny1_summary.txt" 2>&1
+    # One process each, the default first and last (host_profile prints each arm's median and on/off of medians).
+    step default-1 45 python scripts/host_profile.py tiny:1 --rounds 8 --per-round 3
+    step nocheck 45 python scripts/host_profile.py tiny:1 --rounds 8 --per-round 3 --no-live-check
+    step discard-nocheck 45 env SPECSCOPE_TRACE_DISCARD=1 python scripts/host_profile.py tiny:1 --rounds 8 \
+      --per-round 3 --no-live-check
+    step sender0 45 env SPECSCOPE_TRACE_SENDER=0 python scripts/host_profile.py tiny:1 --rounds 8 --per-round 3
+    step default-2 45 python scripts/host_profile.py tiny:1 --rounds 8 --per-round 3
+    grep -E "^=== |^tiny:1" "$log"
+    bash .gpu/save-kernels.sh "$out/k" >>"$log" 2>&1  # the JIT's kernels, for later calls' .gpu/aot
     ;;
 esac
 rm -rf "$work/k"
