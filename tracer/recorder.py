@@ -236,10 +236,12 @@ class Recorder:
         self._layouts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._np_names: dict[Any, str] = {}
         self._sent_ns = time.perf_counter_ns()
-        if self.is_cuda and hasattr(writer, "send_in_background") and os.environ.get("SPECSCOPE_TRACE_SENDER") != "0":
+        sender = os.environ.get("SPECSCOPE_TRACE_SENDER", "")
+        if self.is_cuda and hasattr(writer, "send_in_background") and sender != "0":
             # Tiny models make steps faster than the writer child stores them: the engine must not wait on the pipe.
-            # (SPECSCOPE_TRACE_SENDER=0 writes it on the engine's thread, to measure what the thread costs.)
-            writer.send_in_background()
+            # (SPECSCOPE_TRACE_SENDER=0 writes it on the engine's thread, blocking when it is full; =thread hands every
+            # message to the sender thread, as before the direct writes: both to measure what they cost.)
+            writer.send_in_background(direct=sender != "thread")
         # One stamp ring per stream; the compute stream's is the one captured graphs stamp (`compute_stamps`).
         self._stamps: dict[Any, StampRing] = {}
         self._np_views: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # see snapshot_host
@@ -253,6 +255,8 @@ class Recorder:
         graph makes); rows are sized to `budget_bytes` of device and of pinned host memory each."""
         rows = max(16, min(512, (budget_bytes or RING_BYTES) // (8 * max(width, 1))))
         self.ring = SnapshotRing(self.device, width, rows)
+        # Replays run on the compute stream, and their rows are drained there (after them, before any later one).
+        self.ring.stream_handle = self.compute_stamps.stream_handle
         return self.ring
 
     def begin_step(self, *, iteration: int, mode: ForwardMode, model: str, step_id: int | None,
@@ -713,7 +717,7 @@ class SnapshotRing(DrainedRing):
     def drain(self) -> None:
         """Enqueue the copy of every row written since the last drain (compute stream; no host sync)."""
         if self.drained != self.count:
-            self._copy_new(torch.cuda.current_stream(self.device) if self.is_cuda else None)
+            self._copy_new()
 
     def row(self, seq: int, length: int) -> np.ndarray:
         """The host copy of replay `seq`'s snapshot (a copy: the row is reused `rows` replays later)."""

@@ -19,7 +19,6 @@ the bookkeeping the GPU runs.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import time
@@ -62,20 +61,43 @@ class _Driver:
     def __init__(self) -> None:
         lib = ctypes.CDLL("libcuda.so.1")
         self.lib = lib
-        # No argtypes: every argument is passed as a ready-made ctypes object (no per-call conversion).
-        launch = lib.cuLaunchKernel
+        # No argtypes: every argument is passed as a ready-made ctypes object (no per-call conversion). The launch
+        # goes through PyDLL, which keeps the GIL: a CDLL call releases and retakes it, and a thread waiting for it
+        # (the trace sender) would run in between, making the engine wait to get it back.
+        launch = ctypes.PyDLL("libcuda.so.1").cuLaunchKernel
         launch.restype = ctypes.c_int
         self.launch = launch
         module, fn = ctypes.c_void_p(), ctypes.c_void_p()
         self._check(lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(_PTX)), "cuModuleLoadData")
         self._check(lib.cuModuleGetFunction(ctypes.byref(fn), module, b"specscope_stamp"), "cuModuleGetFunction")
         self.module, self.fn = module, fn
+        # The drains' calls (DrainedRing): an async copy to pinned memory and an event after it, straight to the
+        # driver. torch's copy, stream switch and Event cost tens of µs of Python per drain on the engine's thread.
+        py = ctypes.PyDLL("libcuda.so.1")  # non-blocking calls keep the GIL (see the launch above)
+        self.memcpy_dtoh = py.cuMemcpyDtoHAsync_v2
+        self.memcpy_dtoh.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
+        self.event_record = py.cuEventRecord
+        self.event_record.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
+        self.event_query = py.cuEventQuery
+        self.event_query.argtypes = (ctypes.c_void_p,)
+        self.event_sync = lib.cuEventSynchronize  # CDLL: lets the GIL go while it blocks
+        self.event_sync.argtypes = (ctypes.c_void_p,)
+        self._event_create = lib.cuEventCreate
+        for f in (self.memcpy_dtoh, self.event_record, self.event_query, self.event_sync, self._event_create):
+            f.restype = ctypes.c_int
+
+    def new_event(self) -> int:
+        """A CUDA event without timing (the driver's handle)."""
+        ev = ctypes.c_void_p()
+        self._check(self._event_create(ctypes.byref(ev), 2), "cuEventCreate")  # 2: CU_EVENT_DISABLE_TIMING
+        return ev.value or 0
 
     def _check(self, rc: int, call: str) -> None:
         if rc:
             name = ctypes.c_char_p()
             self.lib.cuGetErrorName(rc, ctypes.byref(name))
-            raise RuntimeError(f"{call} failed: {(name.value or b'?').decode()} ({rc})")
+            # "CUDA error" as torch words it: the recorder tells a sticky error by it (is_sticky_cuda_error).
+            raise RuntimeError(f"CUDA error: {(name.value or b'?').decode()} ({rc}) in {call}")
 
 
 _DRIVER: _Driver | None = None
@@ -96,7 +118,10 @@ def _driver() -> _Driver:
 class DrainedRing:
     """Device rows (`dev`, first dimension `size`) numbered in launch order and copied to their `host` twin in
     batches: which numbers an enqueued copy covers (`drained`) and which have landed (`completed`). The snapshot
-    ring and the stamp rings share it."""
+    ring and the stamp rings share it. On a GPU a drain is two driver calls per range plus one event record on the
+    ring's stream (`stream_handle`); events are reused once they have completed."""
+
+    _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
     def __init__(self, is_cuda: bool, size: int) -> None:
         self.is_cuda = is_cuda
@@ -104,34 +129,52 @@ class DrainedRing:
         self.count = 0  # numbers handed out (claimed)
         self.drained = 0  # numbers covered by an enqueued copy
         self._done = 0  # numbers whose rows are in `host`
-        self._drains: deque[tuple[int, Any]] = deque()
+        self._drains: deque[tuple[int, int]] = deque()  # (numbers covered, driver event or 0)
+        self._free_events: list[int] = []
+        self.stream_handle = 0  # the raw CUDA stream the rows are written and drained on (set by the subclass)
         self.dev: torch.Tensor
         self.host: torch.Tensor
 
-    def _copy_new(self, stream: Any) -> None:
-        """Enqueue the copy of the rows numbered [drained, count) on `stream` (the current one) and the event that
-        says it landed."""
-        for lo, hi in row_ranges(self.drained, self.count, self.size):
-            self.host[lo:hi].copy_(self.dev[lo:hi], non_blocking=self.is_cuda)
-        ev = None
+    def _copy_new(self) -> None:
+        """Enqueue the copy of the rows numbered [drained, count) on the ring's stream and the event that says it
+        landed."""
+        ev = 0
         if self.is_cuda:
-            ev = torch.cuda.Event()
-            ev.record(stream)
+            drv = _driver()
+            row = self.dev.stride(0) * self.dev.element_size()
+            dst, src, h = self.host.data_ptr(), self.dev.data_ptr(), self.stream_handle
+            for lo, hi in row_ranges(self.drained, self.count, self.size):
+                drv._check(drv.memcpy_dtoh(dst + lo * row, src + lo * row, (hi - lo) * row, h), "cuMemcpyDtoHAsync")
+            ev = self._free_events.pop() if self._free_events else drv.new_event()
+            drv._check(drv.event_record(ev, h), "cuEventRecord")
+        else:
+            for lo, hi in row_ranges(self.drained, self.count, self.size):
+                self.host[lo:hi].copy_(self.dev[lo:hi])
         self._drains.append((self.count, ev))
         self.drained = self.count
 
     def completed(self) -> int:
         """Numbers below this have their rows in host memory."""
-        while self._drains and (self._drains[0][1] is None or self._drains[0][1].query()):
-            self._done = self._drains.popleft()[0]
+        drains = self._drains
+        while drains:
+            end, ev = drains[0]
+            if ev:
+                rc = _DRIVER.event_query(ev)  # type: ignore[union-attr]
+                if rc == self._NOT_READY:
+                    break
+                if rc:
+                    _DRIVER._check(rc, "cuEventQuery")  # type: ignore[union-attr]
+                self._free_events.append(ev)
+            drains.popleft()
+            self._done = end
         return self._done
 
     def wait(self, seq: int) -> None:
         """Block until the enqueued copy covering `seq` has landed."""
         for end, ev in self._drains:
             if end > seq:
-                if ev is not None:
-                    ev.synchronize()
+                if ev:
+                    _DRIVER._check(_DRIVER.event_sync(ev), "cuEventSynchronize")  # type: ignore[union-attr]
                 break
         self.completed()
 
@@ -156,6 +199,7 @@ class StampRing(DrainedRing):
         self.on_lap: Callable[[int], None] | None = None
         if self.is_cuda:
             drv = _driver()
+            self.stream_handle = stream.cuda_stream if stream is not None else 0
             self._args = (ctypes.c_uint64(self.dev.data_ptr()), ctypes.c_uint64(self.index.data_ptr()),
                           ctypes.c_uint64(slots))
             self._params = (ctypes.c_void_p * 3)(*(ctypes.addressof(a) for a in self._args))
@@ -200,8 +244,7 @@ class StampRing(DrainedRing):
             return
         if self.on_lap is not None and self.count > self.slots:
             self.on_lap(self.count - self.slots)
-        with torch.cuda.stream(self.stream) if self.is_cuda else contextlib.nullcontext():
-            self._copy_new(self.stream)
+        self._copy_new()
 
     def wait(self, seq: int) -> None:
         """Block until stamp `seq` is in host memory (draining it first if need be)."""

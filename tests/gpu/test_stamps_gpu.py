@@ -83,3 +83,30 @@ def test_the_clock_puts_stamps_on_the_host_axis() -> None:
     t = clock.ns(ring.value(s))
     slack = clock.bracket_ns
     assert h0 - slack <= t <= h1 + slack
+
+
+def test_a_side_streams_drains_land_after_its_stamps_and_reuse_their_events() -> None:
+    """Drains are driver copies and events on the ring's own stream: a copy enqueued behind a busy stream is not
+    'completed' before it ran, `wait` blocks until it has, the values equal the device slots, and the events come
+    back to be reused instead of growing with the run."""
+    side = torch.cuda.Stream(DEV)
+    ring = StampRing(DEV, side, slots=32)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # ~tens of ms: the drain below cannot have landed when it is asked
+    first = ring.stamp()
+    ring.drain()
+    assert ring.completed() == 0
+    ring.wait(first)
+    assert ring.completed() == 1
+    for _ in range(200):  # laps the 32-slot ring many times, a drain every 4 stamps
+        for _ in range(4):
+            ring.stamp()
+        ring.drain()
+        ring.completed()
+    ring.wait(ring.count - 1)
+    assert ring.completed() == ring.count == 801
+    torch.cuda.synchronize()
+    dev = ring.dev.cpu().tolist()
+    assert [ring.value(s) for s in range(ring.count - 32, ring.count)] == [dev[s % 32] for s in
+                                                                           range(ring.count - 32, ring.count)]
+    assert len(ring._free_events) + len(ring._drains) <= 3  # a few events, reused

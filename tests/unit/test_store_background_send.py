@@ -35,3 +35,22 @@ def test_background_round_trip(tmp_path, limit: int) -> None:
     with TraceReader(path) as r:
         assert r.is_closed() and [r.step(i) for i in range(60)] == [make_step(i) for i in range(60)]
         assert r.requests() == [make_request(1)]
+
+
+def test_messages_larger_than_the_pipe_keep_their_order(tmp_path) -> None:
+    """A batch bigger than the pipe goes in partly at once and the rest through the sender thread; what is sent
+    after it queues behind it, and single steps between batches keep their places."""
+    path = os.path.join(tmp_path, "big.db")
+    w = _writer(path)
+    i = 0
+    for _ in range(3):
+        w.write_raw_steps([raw_from_step(make_step(j)) for j in range(i, i + 600)])  # ~4 MB: over the 1 MiB pipe
+        i += 600
+        w.write_step(make_step(i))
+        i += 1
+    assert w.backlogged >= 1  # the thread's path ran
+    w.close()
+    with TraceReader(path) as r:
+        assert r.is_closed() and r.num_steps() == i
+        assert [r.step(j) for j in (0, 599, 600, 601, 1201, i - 1)] == [make_step(j) for j in (0, 599, 600, 601, 1201,
+                                                                                                 i - 1)]
