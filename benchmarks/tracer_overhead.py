@@ -46,15 +46,30 @@ sys.path.insert(0, str(HERE))
 from engine_speed import Bench, BenchError, Preset, load_torch, presets, steady, summarize, versions  # noqa: E402
 
 TARGET = 1.02
-ARMS = ("off", "on", "profiler")
+ARMS = ("off", "on", "profiler")  # "onB" (--ab-env) and no "profiler" (--no-profiler) change the list per run
 WARMUP_ROUNDS = 1  # per arm: the first round is dropped
 COMMAND = "benchmarks/tracer_overhead.py"
 
 
-def order(i: int) -> tuple[str, ...]:
+def order(i: int, arms: tuple[str, ...] = ARMS) -> tuple[str, ...]:
     """The arms' order in round `i`: off, on, profiler, then reversed, alternating (every arm sits at the same
     mean position over two rounds)."""
-    return ARMS if i % 2 == 0 else tuple(reversed(ARMS))
+    return arms if i % 2 == 0 else tuple(reversed(arms))
+
+
+@contextlib.contextmanager
+def env_set(assign: dict[str, str]) -> Iterator[None]:
+    """`assign` in os.environ for the body (what an engine reads when it is built), restored after."""
+    old = {k: os.environ.get(k) for k in assign}
+    os.environ.update(assign)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def cell_config(bench: Bench, p: Preset, bs: int, plan_stream: bool) -> Any:
@@ -69,23 +84,27 @@ def cell_config(bench: Bench, p: Preset, bs: int, plan_stream: bool) -> Any:
 
 @contextlib.contextmanager
 def open_arms(bench: Bench, p: Preset, bs: int, plan_stream: bool, tmp: str,
-              live_check: bool = True) -> Iterator[dict[str, Any]]:
-    """The three engines of a cell, built once (off, on, profiler), sharing the cached model weights; on exit
-    they are closed (the trace with its live checker's verdict) and the trace file removed."""
+              live_check: bool = True, arm_names: tuple[str, ...] = ARMS,
+              ab_env: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
+    """The engines of a cell, built once (off, on, profiler; "onB": traced, built with `ab_env` set), sharing the
+    cached model weights; on exit they are closed (each trace with its live checker's verdict) and the trace
+    files removed."""
     bench._arm = "fused"  # the engine's default ops (flashinfer's fused kernels where they exist)
     bench._loaded = []
-    path = os.path.join(tmp, f"on-{Path(p.model).name}-bs{bs}.db")
+    paths = {a: os.path.join(tmp, f"{a}-{Path(p.model).name}-bs{bs}.db") for a in ("on", "onB")}
     try:
         with contextlib.ExitStack() as stack:
             arms: dict[str, Any] = {}
-            for arm in ARMS:
-                arms[arm] = stack.enter_context(bench.session.open_session(
-                    cell_config(bench, p, bs, plan_stream), path if arm == "on" else None, command=COMMAND,
-                    overwrite=True, random_weights=p.random_weights, check=live_check))
+            for arm in arm_names:
+                with env_set(ab_env or {}) if arm == "onB" else contextlib.nullcontext():
+                    arms[arm] = stack.enter_context(bench.session.open_session(
+                        cell_config(bench, p, bs, plan_stream), paths.get(arm), command=COMMAND,
+                        overwrite=True, random_weights=p.random_weights, check=live_check))
             yield arms
     finally:
-        with contextlib.suppress(OSError):
-            os.remove(path)
+        for path in paths.values():
+            with contextlib.suppress(OSError):
+                os.remove(path)
 
 
 def run_round(bench: Bench, s: Any, arm: str, bs: int, seed: int) -> tuple[float, float | None, list[list[int]]]:
@@ -125,46 +144,64 @@ def _check_ops(bench: Bench) -> str:
 
 
 def run_cell(bench: Bench, p: Preset, bs: int, rounds: int, plan_stream: bool, tmp: str,
-             live_check: bool = True) -> dict[str, Any]:
-    """Three engines built once, `rounds` alternating rounds on them; ratios are taken within a round."""
+             live_check: bool = True, ab_env: dict[str, str] | None = None, profiler: bool = True) -> dict[str, Any]:
+    """The arms' engines built once, `rounds` alternating rounds on them; ratios are taken within a round."""
     if rounds <= WARMUP_ROUNDS:
         raise BenchError(f"--rounds must be more than the {WARMUP_ROUNDS} warm-up round")
-    walls: dict[str, list[float]] = {a: [] for a in ARMS}
+    names = ("off", "on", *(("onB",) if ab_env else ()), *(("profiler",) if profiler else ()))
+    walls: dict[str, list[float]] = {a: [] for a in names}
     flush: list[float] = []
     # Every run's tokens: one workload on engines sharing weights, so the same greedy outputs are expected (a
     # diagnostic, not a verdict: a difference would point at an engine reading state it does not own).
     outputs: list[list[list[int]]] = []
-    with open_arms(bench, p, bs, plan_stream, tmp, live_check) as arms:
+    checks: dict[str, Any] = {}
+    with open_arms(bench, p, bs, plan_stream, tmp, live_check, names, ab_env) as arms:
         for i in range(rounds):
-            for arm in order(i):
+            for arm in order(i, names):
                 wall, f, out = run_round(bench, arms[arm], arm, bs, seed=0)
                 walls[arm].append(wall)
                 outputs.append(out)
                 if f is not None:
                     flush.append(f)
         ops = _check_ops(bench)
-        writer = arms["on"].writer
-    # Leaving open_arms closed the trace: the live checker's verdict on every traced round is in.
-    cr = writer.check_result if writer is not None else None
-    del arms, writer
+        writers = {a: arms[a].writer for a in ("on", "onB") if a in arms}
+    # Leaving open_arms closed the traces: the live checker's verdict on every traced round is in.
+    for a, writer in writers.items():
+        cr = writer.check_result if writer is not None else None
+        checks[a] = None if cr is None else dict(checked_through=cr.checked_through, errors=cr.num_errors,
+                                                 warnings=cr.num_warnings)
+    del arms, writers
     gc.collect()
     if bench.device == "cuda":
         bench.torch.cuda.empty_cache()
     warm = {a: v[:WARMUP_ROUNDS] for a, v in walls.items()}
     runs = {a: v[WARMUP_ROUNDS:] for a, v in walls.items()}
-    ratio_on = [on / off for on, off in zip(runs["on"], runs["off"], strict=True)]
-    ratio_prof = [pr / off for pr, off in zip(runs["profiler"], runs["off"], strict=True)]
+    def ratios(arm: str, base: str = "off") -> list[float]:
+        return [a / b for a, b in zip(runs[arm], runs[base], strict=True)]
+
+    ratio_on = ratios("on")
     med = {a: statistics.median(v) for a, v in runs.items()}
-    return dict(model=p.label, batch_size=bs, plan_stream=plan_stream, rounds=rounds, warmup_rounds=WARMUP_ROUNDS,
-                repeats=len(ratio_on), wall_ms={a: summarize(v) for a, v in runs.items()}, run_ms=runs,
-                warmup_ms=warm, ratio_traced=summarize(ratio_on), ratio_profiler=summarize(ratio_prof),
-                round_ratios=dict(traced=ratio_on, profiler=ratio_prof),
-                ratio_of_medians=dict(traced=med["on"] / med["off"], profiler=med["profiler"] / med["off"]),
-                trace_flush_ms=summarize(flush[WARMUP_ROUNDS:]) if len(flush) > WARMUP_ROUNDS else None,
-                trace_check=None if cr is None else dict(checked_through=cr.checked_through, errors=cr.num_errors,
-                                                         warnings=cr.num_warnings),
-                outputs_identical=all(o == outputs[0] for o in outputs),
-                meets_target=statistics.median(ratio_on) <= TARGET, ops=ops)
+    row = dict(model=p.label, batch_size=bs, plan_stream=plan_stream, rounds=rounds, warmup_rounds=WARMUP_ROUNDS,
+               repeats=len(ratio_on), wall_ms={a: summarize(v) for a, v in runs.items()}, run_ms=runs,
+               warmup_ms=warm, ratio_traced=summarize(ratio_on), ratio_profiler=None,
+               round_ratios=dict(traced=ratio_on),
+               ratio_of_medians=dict(traced=med["on"] / med["off"]),
+               trace_flush_ms=summarize(flush[WARMUP_ROUNDS:]) if len(flush) > WARMUP_ROUNDS else None,
+               trace_check=checks.get("on"),
+               outputs_identical=all(o == outputs[0] for o in outputs),
+               meets_target=statistics.median(ratio_on) <= TARGET, ops=ops)
+    if profiler:
+        row["ratio_profiler"] = summarize(ratios("profiler"))
+        row["round_ratios"]["profiler"] = ratios("profiler")
+        row["ratio_of_medians"]["profiler"] = med["profiler"] / med["off"]
+    if ab_env:
+        # The B build of the traced engine, in the same rounds: B / untraced, and the paired A / B (the "on" arm
+        # over the "onB" arm of the same round: below 1 when the default build costs less).
+        row.update(ab_env=ab_env, ratio_traced_b=summarize(ratios("onB")),
+                   ratio_a_over_b=summarize(ratios("on", "onB")), trace_check_b=checks.get("onB"))
+        row["round_ratios"].update(traced_b=ratios("onB"), a_over_b=ratios("on", "onB"))
+        row["ratio_of_medians"].update(traced_b=med["onB"] / med["off"], a_over_b=med["on"] / med["onB"])
+    return row
 
 
 def _fmt(s: dict[str, float], prec: int = 3) -> str:
@@ -199,14 +236,30 @@ def markdown(doc: dict[str, Any]) -> str:
            "| model | bs | untraced ms | traced ms | profiler ms | traced / untraced: rounds | of medians "
            "| profiler / untraced: rounds | of medians | ≤ 1.02 | live check | same tokens |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    def check(tc: dict[str, Any] | None) -> str:
+        return "—" if tc is None else f"{tc['errors']} errors, {tc['warnings']} warnings"
+
     for r in doc["rows"]:
-        w, rom, tc = r["wall_ms"], r["ratio_of_medians"], r.get("trace_check")
-        check = "—" if tc is None else f"{tc['errors']} errors, {tc['warnings']} warnings"
+        w, rom = r["wall_ms"], r["ratio_of_medians"]
+        prof = (f"{_fmt(w['profiler'], 2)} | {_fmt(r['ratio_profiler'])} | {rom['profiler']:.3f}"
+                if r.get("ratio_profiler") else "— | — | —")
+        ms_prof, ratio_prof = prof.split(" | ", 1)
         out.append(f"| {r['model']} | {r['batch_size']} | {_fmt(w['off'], 2)} | {_fmt(w['on'], 2)} | "
-                   f"{_fmt(w['profiler'], 2)} | {_fmt(r['ratio_traced'])} | {rom['traced']:.3f} | "
-                   f"{_fmt(r['ratio_profiler'])} | {rom['profiler']:.3f} | "
-                   f"{'yes' if r['meets_target'] else '**no**'} | {check} | "
+                   f"{ms_prof} | {_fmt(r['ratio_traced'])} | {rom['traced']:.3f} | {ratio_prof} | "
+                   f"{'yes' if r['meets_target'] else '**no**'} | {check(r.get('trace_check'))} | "
                    f"{'yes' if r['outputs_identical'] else '**no**'} |")
+    ab = [r for r in doc["rows"] if r.get("ab_env")]
+    if ab:
+        out += ["", "A/B in the same rounds: the traced engine built with the default settings (A, the \"traced\" "
+                "column above) and one built with these settings (B); A / B below 1 means A costs less.", "",
+                "| model | bs | B settings | B ms | B / untraced: rounds | of medians | A / B: rounds | of medians "
+                "| B live check |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in ab:
+            rom = r["ratio_of_medians"]
+            env = " ".join(f"{k}={v}" for k, v in r["ab_env"].items())
+            out.append(f"| {r['model']} | {r['batch_size']} | `{env}` | {_fmt(r['wall_ms']['onB'], 2)} | "
+                       f"{_fmt(r['ratio_traced_b'])} | {rom['traced_b']:.3f} | {_fmt(r['ratio_a_over_b'])} | "
+                       f"{rom['a_over_b']:.3f} | {check(r.get('trace_check_b'))} |")
     out.append("")
     return "\n".join(out)
 
@@ -221,7 +274,7 @@ def write(args: argparse.Namespace, argv: list[str], torch: Any, rows: list[dict
                command="python benchmarks/tracer_overhead.py " + shlex.join(argv), rounds=args.rounds,
                warmup_rounds=WARMUP_ROUNDS, repeats=args.rounds - WARMUP_ROUNDS,
                plan_stream=not args.no_plan_stream, live_check=not args.no_live_check, spec_steps=args.spec_steps,
-               quick=args.quick,
+               quick=args.quick, ab_env=args.ab_env, profiler=not args.no_profiler,
                cpu_dry_run=args.cpu, snapshot_ring_env=os.environ.get("SPECSCOPE_SNAPSHOT_RING"),
                specscope_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("SPECSCOPE_")},
                seconds=round(time.perf_counter() - t0, 1), rows=rows)
@@ -246,6 +299,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--no-live-check", action="store_true",
                     help="trace without the live checker process beside the writer (it is on, as in `specscope run`)")
     ap.add_argument("--quick", action="store_true", help="shorter requests (engine_speed's quick presets)")
+    ap.add_argument("--ab-env", default=None, metavar="VAR=VALUE[,VAR=VALUE]",
+                    help="A/B: add a second traced engine built with these environment variables set (arm onB, in "
+                         "the same alternating rounds), to compare two recorder settings within one process")
+    ap.add_argument("--no-profiler", action="store_true", help="leave out the torch.profiler arm")
     ap.add_argument("--cpu", action="store_true",
                     help="a CPU dry run of the harness (float32, fused-torch ops; needs --out, numbers meaningless)")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/tracer_overhead.json)")
@@ -255,6 +312,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.cpu and args.out is None:
         ap.error("--cpu needs --out (a dry run must not overwrite the GPU results)")
     args.out = args.out or str(HERE / "results" / "tracer_overhead.json")
+    ab: dict[str, str] = {}
+    for item in (args.ab_env or "").split(","):
+        if not item.strip():
+            continue
+        k, eq, v = item.strip().partition("=")
+        if not eq or not k.startswith("SPECSCOPE_"):
+            ap.error(f"--ab-env takes SPECSCOPE_VAR=VALUE items, got {item.strip()!r}")
+        ab[k] = v
+    args.ab_env = ab or None
     try:
         args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError:
@@ -286,12 +352,18 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.models:
                 p = table[name]
                 for bs in args.batch_sizes:
-                    row = run_cell(bench, p, bs, args.rounds, not args.no_plan_stream, tmp, not args.no_live_check)
+                    row = run_cell(bench, p, bs, args.rounds, not args.no_plan_stream, tmp, not args.no_live_check,
+                                   args.ab_env, not args.no_profiler)
                     rows.append(row)
                     rom = row["ratio_of_medians"]
-                    print(f"{p.label[:26]:26s} bs {bs:3d}  off {row['wall_ms']['off']['median']:7.3f} ms  "
-                          f"traced {_fmt(row['ratio_traced'])} (of medians {rom['traced']:.3f})  "
-                          f"profiler {_fmt(row['ratio_profiler'])} (of medians {rom['profiler']:.3f})", flush=True)
+                    line = (f"{p.label[:26]:26s} bs {bs:3d}  off {row['wall_ms']['off']['median']:7.3f} ms  "
+                            f"traced {_fmt(row['ratio_traced'])} (of medians {rom['traced']:.3f})")
+                    if row.get("ratio_profiler"):
+                        line += f"  profiler {_fmt(row['ratio_profiler'])} (of medians {rom['profiler']:.3f})"
+                    if args.ab_env:
+                        line += (f"  B {_fmt(row['ratio_traced_b'])} (of medians {rom['traced_b']:.3f})  "
+                                 f"A/B {_fmt(row['ratio_a_over_b'])} (of medians {rom['a_over_b']:.3f})")
+                    print(line, flush=True)
                     write(args, argv, torch, rows, t0)  # after every cell: a time limit keeps what was measured
                 bench.drop_models()
     except BenchError as e:
