@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -67,6 +68,9 @@ class _Driver:
         launch = ctypes.PyDLL("libcuda.so.1").cuLaunchKernel
         launch.restype = ctypes.c_int
         self.launch = launch
+        # SPECSCOPE_STAMP_GIL=release launches through the CDLL (what sessions 6-9 did), to measure the GIL's part.
+        self.launch_releasing = lib.cuLaunchKernel
+        self.launch_releasing.restype = ctypes.c_int
         module, fn = ctypes.c_void_p(), ctypes.c_void_p()
         self._check(lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(_PTX)), "cuModuleLoadData")
         self._check(lib.cuModuleGetFunction(ctypes.byref(fn), module, b"specscope_stamp"), "cuModuleGetFunction")
@@ -129,17 +133,28 @@ class DrainedRing:
         self.count = 0  # numbers handed out (claimed)
         self.drained = 0  # numbers covered by an enqueued copy
         self._done = 0  # numbers whose rows are in `host`
-        self._drains: deque[tuple[int, int]] = deque()  # (numbers covered, driver event or 0)
+        self._drains: deque[tuple[int, Any]] = deque()  # (numbers covered, driver event, 0 on the CPU)
         self._free_events: list[int] = []
         self.stream_handle = 0  # the raw CUDA stream the rows are written and drained on (set by the subclass)
+        # SPECSCOPE_TORCH_DRAINS=1: drain with torch's copy and Event on the ring's stream (what sessions 4-9 did), to
+        # measure what the driver calls save.
+        self._torch_drains = is_cuda and os.environ.get("SPECSCOPE_TORCH_DRAINS") == "1"
         self.dev: torch.Tensor
         self.host: torch.Tensor
 
     def _copy_new(self) -> None:
         """Enqueue the copy of the rows numbered [drained, count) on the ring's stream and the event that says it
         landed."""
-        ev = 0
-        if self.is_cuda:
+        ev: Any = 0
+        if self._torch_drains:
+            stream = torch.cuda.ExternalStream(self.stream_handle) if self.stream_handle else \
+                torch.cuda.default_stream(self.dev.device)
+            with torch.cuda.stream(stream):
+                for lo, hi in row_ranges(self.drained, self.count, self.size):
+                    self.host[lo:hi].copy_(self.dev[lo:hi], non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(stream)
+        elif self.is_cuda:
             drv = _driver()
             row = self.dev.stride(0) * self.dev.element_size()
             dst, src, h = self.host.data_ptr(), self.dev.data_ptr(), self.stream_handle
@@ -158,7 +173,10 @@ class DrainedRing:
         drains = self._drains
         while drains:
             end, ev = drains[0]
-            if ev:
+            if type(ev) is not int:  # a torch Event (SPECSCOPE_TORCH_DRAINS=1)
+                if not ev.query():
+                    break
+            elif ev:
                 rc = _DRIVER.event_query(ev)  # type: ignore[union-attr]
                 if rc == self._NOT_READY:
                     break
@@ -173,7 +191,9 @@ class DrainedRing:
         """Block until the enqueued copy covering `seq` has landed."""
         for end, ev in self._drains:
             if end > seq:
-                if ev:
+                if type(ev) is not int:
+                    ev.synchronize()
+                elif ev:
                     _DRIVER._check(_DRIVER.event_sync(ev), "cuEventSynchronize")  # type: ignore[union-attr]
                 break
         self.completed()
@@ -205,9 +225,10 @@ class StampRing(DrainedRing):
             self._params = (ctypes.c_void_p * 3)(*(ctypes.addressof(a) for a in self._args))
             one, zero = ctypes.c_uint(1), ctypes.c_uint(0)
             head = (drv.fn, one, one, one, one, one, one, zero)
-            self._launch = functools.partial(drv.launch, *head)  # (stream, params, extra)
+            launch = drv.launch_releasing if os.environ.get("SPECSCOPE_STAMP_GIL") == "release" else drv.launch
+            self._launch = functools.partial(launch, *head)  # (stream, params, extra)
             own = ctypes.c_void_p(stream.cuda_stream if stream is not None else 0)
-            self._launch_own = functools.partial(drv.launch, *head, own, self._params, None)  # on this ring's stream
+            self._launch_own = functools.partial(launch, *head, own, self._params, None)  # on this ring's stream
             self._check = drv._check
 
     def launch(self, stream_handle: int | None = None) -> None:
