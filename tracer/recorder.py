@@ -42,6 +42,10 @@ _DEAD_CONTEXT_OBJECTS: list[Any] = []
 RING_BYTES = 64 << 20  # device (and pinned host) memory of the snapshot ring
 DRAIN_EVERY = 8  # replays per snapshot-ring drain: few enough that a drain never frees a burst of steps at once
 RESOLVE_PER_POLL = 32  # steps resolved per hot-path poll (an iteration makes 3-7)
+# Steps ended between two resolving polls: resolving, encoding and sending a batch in one pass runs on caches the
+# previous step of the pass warmed (a record made in a tight loop costs ~4 µs; spread over iterations, between the
+# engine's own work, 5-6x that); SPECSCOPE_RESOLVE_BATCH=1 resolves at every poll, as before.
+RESOLVE_BATCH = 16
 DRAIN_STAMPS = 16  # undrained stamps of a stream before a poll drains them for the step waiting on them
 LATER_MAX = 32  # deferred calls (`Recorder.later`) held before they run anyway
 
@@ -236,6 +240,8 @@ class Recorder:
         self._layouts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._np_names: dict[Any, str] = {}
         self._sent_ns = time.perf_counter_ns()
+        self._ended = self._ended_at_pass = 0  # steps ended, and their number at the last resolving poll
+        self._resolve_batch = max(1, int(os.environ.get("SPECSCOPE_RESOLVE_BATCH", RESOLVE_BATCH)))
         sender = os.environ.get("SPECSCOPE_TRACE_SENDER", "")
         if self.is_cuda and hasattr(writer, "send_in_background") and sender != "0":
             # Tiny models make steps faster than the writer child stores them: the engine must not wait on the pipe.
@@ -420,6 +426,7 @@ class Recorder:
     def end_step(self, rec: StepRecord) -> None:
         """Close the step; it is written once its device work completes."""
         rec.end_ns = time.perf_counter_ns()
+        self._ended += 1
         self.assign_index(rec)
         try:
             self._open.remove(rec)
@@ -455,15 +462,27 @@ class Recorder:
         self.compute_stamps.drain()  # the replays' stamps, in the same pass (same stream)
 
     def poll(self, force_send: bool = False, limit: int | None = RESOLVE_PER_POLL) -> None:
-        """Write pending steps whose device work has completed (in order; never blocks), at most `limit` of them
-        (None: all), so a backlog is worked off a little at a time. Resolved steps go to the writer in batches
-        (one message per `ring.drain_every` steps, or every 20 ms)."""
+        """Make the deferred records, then (every `RESOLVE_BATCH` ended steps, when the oldest pending step is 20 ms
+        old, or when `force_send`) write pending steps whose device work has completed (in order; never blocks), at
+        most `limit` of them (None: all), so a backlog is worked off a little at a time. Resolved steps go to the
+        writer as one message per pass."""
         if self._failed is not None:
             return
-        if self._pending and time.perf_counter_ns() - self._pending[0].end_ns > 20_000_000:
+        if self._later:
+            self.run_later()  # every poll: what the records read is rewritten when the next iteration prepares
+        batch = self._resolve_batch
+        quiet = bool(self._pending) and time.perf_counter_ns() - self._pending[0].end_ns > 20_000_000
+        if batch > 1 and not (force_send or quiet or self._ended - self._ended_at_pass >= batch):
+            return
+        self._ended_at_pass = self._ended
+        if quiet:
             self._drain_all()  # a quiet run: do not hold its last steps back
         self._write_ready(limit)
-        self._send(force_send)
+        if batch > 1:
+            self._drain_all()  # what is still pending lands before the next pass
+            self._send(True)
+        else:
+            self._send(force_send)
 
     def _drain_all(self) -> None:
         """Enqueue the copies of every ring's undrained values."""
