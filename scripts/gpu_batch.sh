@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The H200 runs a session makes, in parts that each fit one 10-minute device call. From the project root on the
-# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | recheck | records | bench | overhead | switches | diag). Logs and results go to
+# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | recheck | records | bench | overhead | switches | diag | ab). Logs and results go to
 # $OUT as one log file and one tarball (the device tool brings back at most 8 files). Run `tests` first on a fresh
 # machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
 # inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag}
-case $part in tests|recheck|records|bench|overhead|switches|diag) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag" >&2; exit 2 ;; esac
+part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab}
+case $part in tests|recheck|records|bench|overhead|switches|diag|ab) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
 log=$out/log-$part.txt
+# Kernels saved by an earlier call travel compressed (.gpu/kernels.tgz, from save-kernels.sh): unpacked they would not
+# fit the device tool's 64 MiB beside the wheels.
+if [ -f .gpu/kernels.tgz ]; then rm -rf .gpu/aot && tar xzf .gpu/kernels.tgz -C .gpu; fi
 . .gpu/setup.sh >>"$log" 2>&1 || { echo "setup failed"; tail -5 "$log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$log" 2>&1
 step() {  # step NAME SECONDS CMD...: run with a time limit, log everything, print one status line
@@ -84,6 +87,22 @@ case $part in
         done
       done
     done
+    ;;
+  ab)
+    # Session 10's recorder host-path changes on the GPU: their GPU tests first (stamps and drains, ring pack, the
+    # engine: sync-debug, lossless greedy, ring == host copies, faults, sticky error), then the paired A/B in one
+    # process per model (the default build against one with every previous setting: the sender thread for every
+    # message, stamp launches that let the GIL go, torch drains, resolving at every poll), then the other GPU tests.
+    old=SPECSCOPE_TRACE_SENDER=thread,SPECSCOPE_STAMP_GIL=release,SPECSCOPE_TORCH_DRAINS=1,SPECSCOPE_RESOLVE_BATCH=1
+    step tests-recorder 210 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu/test_stamps_gpu.py \
+      tests/gpu/test_ring_pack_gpu.py tests/gpu/test_engine_gpu.py
+    step ab-tiny 110 python benchmarks/tracer_overhead.py --models tiny --batch-sizes 1,16 --quick --rounds 9 \
+      --no-profiler --ab-env "$old" --out "$out/ab_tiny.json"
+    step ab-8b 150 python benchmarks/tracer_overhead.py --models llama3-8b --batch-sizes 1,16 --quick --rounds 9 \
+      --no-profiler --ab-env "$old" --out "$out/ab_8b.json"
+    step tests-rest 60 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu --ignore \
+      tests/gpu/test_stamps_gpu.py --ignore tests/gpu/test_ring_pack_gpu.py --ignore tests/gpu/test_engine_gpu.py
+    grep -E "^=== |passed|failed|error|bs +[0-9]+ +off" "$log"
     ;;
   diag)
     # Where tiny bs 1's traced iteration loses its time: the CPU layout, a JIT warm-up, a py-spy profile of
