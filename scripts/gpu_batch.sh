@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The H200 runs a session makes, in parts that each fit one 10-minute device call. From the project root on the
-# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | recheck | records | bench | overhead | switches | diag | ab). Logs and results go to
+# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | recheck | records | bench | overhead | switches | diag | ab | final). Logs and results go to
 # $OUT as one log file and one tarball (the device tool brings back at most 8 files). Run `tests` first on a fresh
 # machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
 # inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab}
-case $part in tests|recheck|records|bench|overhead|switches|diag|ab) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab" >&2; exit 2 ;; esac
+part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|final}
+case $part in tests|recheck|records|bench|overhead|switches|diag|ab|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|final" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
@@ -103,6 +103,18 @@ case $part in
     step tests-rest 60 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu --ignore \
       tests/gpu/test_stamps_gpu.py --ignore tests/gpu/test_ring_pack_gpu.py --ignore tests/gpu/test_engine_gpu.py
     grep -E "^=== |passed|failed|error|bs +[0-9]+ +off" "$log"
+    ;;
+  final)
+    # Session 10's last call: issue 12's overhead table (every cell, with the profiler anchor), the A/B against the
+    # previous settings at bs 64, the plan-stream share, then the GPU tests that `ab` did not run.
+    old=SPECSCOPE_TRACE_SENDER=thread,SPECSCOPE_STAMP_GIL=release,SPECSCOPE_TORCH_DRAINS=1,SPECSCOPE_RESOLVE_BATCH=1
+    step overhead 200 python benchmarks/tracer_overhead.py --quick --rounds 9 --out "$out/tracer_overhead.json"
+    step ab-64 90 python benchmarks/tracer_overhead.py --models tiny,llama3-8b --batch-sizes 64 --quick --rounds 9 \
+      --no-profiler --ab-env "$old" --out "$out/ab_64.json"
+    step plan-stream 45 python benchmarks/plan_stream.py --out "$out/plan_stream.json"
+    step tests-rest 200 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu --ignore \
+      tests/gpu/test_stamps_gpu.py --ignore tests/gpu/test_ring_pack_gpu.py --ignore tests/gpu/test_engine_gpu.py
+    grep -E "^=== |passed|failed|error|bs +[0-9]+ +off|hidden" "$log"
     ;;
   diag)
     # Where tiny bs 1's traced iteration loses its time: the CPU layout, a JIT warm-up, a py-spy profile of
