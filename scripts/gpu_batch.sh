@@ -112,7 +112,7 @@ case $part in
     step ab-64 90 python benchmarks/tracer_overhead.py --models tiny,llama3-8b --batch-sizes 64 --quick --rounds 9 \
       --no-profiler --ab-env "$old" --out "$out/ab_64.json"
     step plan-stream 45 python benchmarks/plan_stream.py --out "$out/plan_stream.json"
-    step tests-rest 200 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu --ignore \
+    step tests-rest 170 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu --ignore \
       tests/gpu/test_stamps_gpu.py --ignore tests/gpu/test_ring_pack_gpu.py --ignore tests/gpu/test_engine_gpu.py
     grep -E "^=== |passed|failed|error|bs +[0-9]+ +off|hidden" "$log"
     ;;
