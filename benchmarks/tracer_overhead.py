@@ -212,6 +212,13 @@ def markdown(doc: dict[str, Any]) -> str:
     """The results as a markdown table with the provenance above it."""
     v = doc["versions"]
     acts = "CPU only: a CPU dry run" if doc.get("cpu_dry_run") else "CPU + CUDA"
+    ab, prof = doc.get("ab_env"), doc.get("profiler", True)
+    names = ["off", "on", *(["onB"] if ab else []), *(["profiler"] if prof else [])]
+    kinds = ["untraced (off)", "traced (on)"]
+    if ab:
+        kinds.append("traced, built with " + " ".join(f"{k}={v}" for k, v in ab.items()) + " (onB)")
+    if prof:
+        kinds.append(f"untraced under torch.profiler ({acts})")
     out = ["# Tracer overhead (`benchmarks/tracer_overhead.py`)", "",
            f"- GPU: {doc['gpu']} (SM {doc['capability']}), {doc['date']}",
            f"- versions: torch {v.get('torch')}, CUDA {v.get('cuda')}, flashinfer {v.get('flashinfer')}, "
@@ -220,11 +227,10 @@ def markdown(doc: dict[str, Any]) -> str:
            f"SPECSCOPE_* set: {' '.join(f'{k}={v}' for k, v in doc.get('specscope_env', {}).items()) or 'none'}",
            f"- CUDA graphs on, plan stream {'on' if doc['plan_stream'] else 'off'}, live checker "
            f"{'on' if doc.get('live_check', True) else 'off'}, {doc['spec_steps']} draft steps. "
-           "Per cell three engines are built once and share the model weights: untraced, traced "
-           f"and untraced under torch.profiler ({acts}). "
+           f"Per cell {len(names)} engines are built once and share the model weights: {', '.join(kinds)}. "
            f"{doc['rounds']} rounds; a round runs the same whole workload (bs requests at once, fixed length, EOS "
-           "ignored) on each engine, in alternating order (off, on, profiler / profiler, on, off), each run "
-           "followed by a device synchronize; after a traced run the trace is flushed, untimed.",
+           f"ignored) on each engine, in alternating order ({', '.join(names)} / {', '.join(reversed(names))}), "
+           "each run followed by a device synchronize; after a traced run the trace is flushed, untimed.",
            f"- wall = median of a run's steady iterations (whole batch decoding, no prefill, first 3 dropped); the "
            f"first {doc['warmup_rounds']} round(s) of each arm are warm-up and dropped, so {doc['repeats']} rounds "
            "are measured. Wall columns: median [min–max] over those rounds.",
