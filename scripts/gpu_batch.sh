@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The H200 runs a session makes, in parts that each fit one 10-minute device call. From the project root on the
-# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | recheck | records | bench | overhead | switches | diag | ab | final). Logs and results go to
+# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | recheck | records | bench | overhead | switches | diag | ab | ab-each | final). Logs and results go to
 # $OUT as one log file and one tarball (the device tool brings back at most 8 files). Run `tests` first on a fresh
 # machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
 # inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|final}
-case $part in tests|recheck|records|bench|overhead|switches|diag|ab|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|final" >&2; exit 2 ;; esac
+part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|final}
+case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|final" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
@@ -104,6 +104,16 @@ case $part in
       tests/gpu/test_stamps_gpu.py --ignore tests/gpu/test_ring_pack_gpu.py --ignore tests/gpu/test_engine_gpu.py
     grep -E "^=== |passed|failed|error|bs +[0-9]+ +off" "$log"
     ;;
+  ab-each)
+    # What each of session 10's four host-path changes buys alone: the default against one previous setting at a time,
+    # in the same process and rounds (tiny and the 8B shape, bs 1).
+    for sw in SPECSCOPE_TRACE_SENDER=thread SPECSCOPE_STAMP_GIL=release SPECSCOPE_TORCH_DRAINS=1 \
+              SPECSCOPE_RESOLVE_BATCH=1; do
+      step "ab-${sw%%=*}" 100 python benchmarks/tracer_overhead.py --models tiny,llama3-8b --batch-sizes 1 --quick \
+        --rounds 9 --no-profiler --ab-env "$sw" --out "$out/ab_${sw%%=*}.json"
+    done
+    grep -E "^=== |bs +[0-9]+ +off" "$log"
+    ;;
   final)
     # Session 10's last call: issue 12's overhead table (every cell, with the profiler anchor), the A/B against the
     # previous settings at bs 64, the plan-stream share, then the GPU tests that `ab` did not run.
@@ -117,14 +127,15 @@ case $part in
     grep -E "^=== |passed|failed|error|bs +[0-9]+ +off|hidden" "$log"
     ;;
   diag)
-    # Where tiny bs 1's traced iteration loses its time: the CPU layout, a JIT warm-up, a py-spy profile of
+    # Where tiny bs 1's traced iteration loses its time: the CPU layout, a JIT warm-up, a py-spy profile (--nonblocking:
+    # session 10's blocking sampling slowed both arms ~3x; py-spy's wheel goes in .gpu/pyspy) of
     # alternating off / on rounds (host_profile.py; .gpu/pyspy carries the wheel), and the writer-side switches
     # (no live checker; the writer child discarding; the pipe written on the engine's thread) against the default,
     # each one process of host_profile's alternating rounds.
     { lscpu; nproc; for c in 0 1 2 8; do echo "cpu$c siblings $(cat /sys/devices/system/cpu/cpu$c/topology/thread_siblings_list)"; done; } >"$work/cpus.txt" 2>&1
     python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .gpu/pyspy/*.whl >>"$log" 2>&1
     step warm 240 python scripts/host_profile.py tiny:1 --rounds 3 --per-round 2
-    step spy 150 /tmp/pyspy/bin/py-spy record --idle --threads -r 400 -f raw -o "$work/prof_tiny1.txt" -- \
+    step spy 150 /tmp/pyspy/bin/py-spy record --idle --threads --nonblocking -r 400 -f raw -o "$work/prof_tiny1.txt" -- \
       python scripts/host_profile.py tiny:1 --rounds 12 --per-round 6
     python scripts/host_profile.py --summarize "$work/prof_tiny1.txt" --top 40 >"$work/prof_tiny1_summary.txt" 2>&1
     # One process each, the default first and last (host_profile prints each arm's median and on/off of medians).
