@@ -127,9 +127,9 @@ case $part in
     grep -E "^=== |passed|failed|error|bs +[0-9]+ +off|hidden" "$log"
     ;;
   diag)
-    # Where tiny bs 1's traced iteration loses its time: the CPU layout, a JIT warm-up, a py-spy profile (--nonblocking:
-    # session 10's blocking sampling slowed both arms ~3x; py-spy's wheel goes in .gpu/pyspy) of
-    # alternating off / on rounds (host_profile.py; .gpu/pyspy carries the wheel), and the writer-side switches
+    # Where tiny bs 1's traced iteration loses its time: the CPU layout, a JIT warm-up, a py-spy profile of
+    # alternating off / on rounds (host_profile.py; .gpu/pyspy carries the wheel; --nonblocking, as session 10's
+    # blocking sampling slowed both arms ~3x), and the writer-side switches
     # (no live checker; the writer child discarding; the pipe written on the engine's thread) against the default,
     # each one process of host_profile's alternating rounds.
     { lscpu; nproc; for c in 0 1 2 8; do echo "cpu$c siblings $(cat /sys/devices/system/cpu/cpu$c/topology/thread_siblings_list)"; done; } >"$work/cpus.txt" 2>&1
