@@ -106,13 +106,15 @@ case $part in
     ;;
   ab-each)
     # What each of session 10's four host-path changes buys alone: the default against one previous setting at a time,
-    # in the same process and rounds (tiny and the 8B shape, bs 1).
+    # in the same process and rounds (tiny and the 8B shape, bs 1); then the event clock.
     for sw in SPECSCOPE_TRACE_SENDER=thread SPECSCOPE_STAMP_GIL=release SPECSCOPE_TORCH_DRAINS=1 \
               SPECSCOPE_RESOLVE_BATCH=1; do
       step "ab-${sw%%=*}" 100 python benchmarks/tracer_overhead.py --models tiny,llama3-8b --batch-sizes 1 --quick \
         --rounds 9 --no-profiler --ab-env "$sw" --out "$out/ab_${sw%%=*}.json"
     done
-    grep -E "^=== |bs +[0-9]+ +off" "$log"
+    # Whether eager spans could be event records on the stamps' clock (scripts/event_clock.py's docstring).
+    step event-clock 60 python scripts/event_clock.py --seconds 30 --out "$out/event_clock.json"
+    grep -E "^=== |bs +[0-9]+ +off|^host ns|^t |ppm" "$log"
     ;;
   final)
     # Session 10's last call: issue 12's overhead table (every cell, with the profiler anchor), the A/B against the
