@@ -46,6 +46,7 @@ RESOLVE_PER_POLL = 32  # steps resolved per hot-path poll (an iteration makes 3-
 # previous step of the pass warmed (a record made in a tight loop costs ~4 µs; spread over iterations, between the
 # engine's own work, 5-6x that); SPECSCOPE_RESOLVE_BATCH=1 resolves at every poll, as before.
 RESOLVE_BATCH = 16
+QUIET_NS = 20_000_000  # a step pending this long is resolved at the next poll, due or not (a quiet or slow run)
 DRAIN_STAMPS = 16  # undrained stamps of a stream before a poll drains them for the step waiting on them
 LATER_MAX = 32  # deferred calls (`Recorder.later`) held before they run anyway
 
@@ -471,7 +472,7 @@ class Recorder:
         if self._later:
             self.run_later()  # every poll: what the records read is rewritten when the next iteration prepares
         batch = self._resolve_batch
-        quiet = bool(self._pending) and time.perf_counter_ns() - self._pending[0].end_ns > 20_000_000
+        quiet = bool(self._pending) and time.perf_counter_ns() - self._pending[0].end_ns > QUIET_NS
         if batch > 1 and not (force_send or quiet or self._ended - self._ended_at_pass >= batch):
             return
         self._ended_at_pass = self._ended
@@ -512,7 +513,7 @@ class Recorder:
             return
         batch = self.ring.drain_every if self.ring is not None else 1
         now = time.perf_counter_ns()
-        if force or len(self._outbox) >= batch or now - self._sent_ns > 20_000_000:
+        if force or len(self._outbox) >= batch or now - self._sent_ns > QUIET_NS:
             out, self._outbox = self._outbox, []
             self._sent_ns = now
             if len(out) == 1:
