@@ -176,6 +176,7 @@ def run_cell(bench: Bench, p: Preset, bs: int, rounds: int, plan_stream: bool, t
         bench.torch.cuda.empty_cache()
     warm = {a: v[:WARMUP_ROUNDS] for a, v in walls.items()}
     runs = {a: v[WARMUP_ROUNDS:] for a, v in walls.items()}
+
     def ratios(arm: str, base: str = "off") -> list[float]:
         return [a / b for a, b in zip(runs[arm], runs[base], strict=True)]
 
