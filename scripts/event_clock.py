@@ -33,28 +33,6 @@ from pathlib import Path
 from typing import Any
 
 
-def host_ns(fn: Any, n: int = 5000, sync: Any = None) -> int:
-    """Median over 5 loops of the host ns one call of `fn` takes."""
-    out = []
-    for _ in range(5):
-        if sync:
-            sync()
-        t = time.perf_counter_ns()
-        for _ in range(n):
-            fn()
-        out.append((time.perf_counter_ns() - t) / n)
-    if sync:
-        sync()
-    return round(statistics.median(out))
-
-
-def slope_ppm(xs: list[float], ys: list[float]) -> float:
-    """Least-squares slope of ys against xs, in parts per million."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    return 0.0 if not sxx else 1e6 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-
-
 def main(argv: list[str] | None = None) -> int:
     """Measure and print; write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -68,28 +46,22 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("event_clock: error: needs a CUDA GPU", file=sys.stderr)
         return 2
+    from clock_drift import fit  # the least-squares drift line clock_drift.py fits (ppm)
     from specscope.tracer.stamps import StampRing, _driver
+    from stamp_cost import host_ns  # median host ns per call, the ring drained between loops
 
     dev = torch.device("cuda")
     s = torch.cuda.current_stream(dev)
     ring = StampRing(dev, s)
     drv = _driver()
     sync = torch.cuda.synchronize
-
-    def drained() -> None:
-        sync()
-        ring.drain()
-        sync()
-        ring.completed()
-
     ev_timing = torch.cuda.Event(enable_timing=True)
     ev_timing.record(s)  # torch makes the CUDA event at its first record
     handle = ctypes.c_void_p(ev_timing.cuda_event)
     h = ctypes.c_void_p(s.cuda_stream)
-    costs = dict(stamp=host_ns(ring.stamp, sync=drained), stamp_launch_only=host_ns(ring.launch, sync=drained),
-                 driver_event_record=host_ns(lambda: drv.event_record(handle, h), sync=sync),
-                 torch_event_record=host_ns(lambda: ev_timing.record(s), sync=sync))
-    drained()
+    costs = dict(stamp=host_ns(ring.stamp, ring), stamp_launch_only=host_ns(ring.launch, ring),
+                 driver_event_record=host_ns(lambda: drv.event_record(handle, h), ring),
+                 torch_event_record=host_ns(lambda: ev_timing.record(s), ring))
     print("host ns per call:", ", ".join(f"{k} {v}" for k, v in costs.items()), flush=True)
 
     # Per block, behind a spin: pairs (stamp, event) and, as the bracket's other side, (event, stamp). Within a block
@@ -138,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if time.perf_counter() > t_end:
             break
         time.sleep(a.every)
-    ppm = slope_ppm(xs, ys) if len(xs) > 1 else 0.0
+    ppm, _ = fit(list(zip(xs, ys, strict=True)))
     print(f"chained residual slope {ppm:.3f} ppm over {xs[-1] / 1e9:.1f} s (0 ppm, and stamp-then-event residuals "
           "in a band of about a µs around one value: one clock)")
     doc = dict(script="scripts/event_clock.py", argv=sys.argv[1:] if argv is None else argv,
