@@ -782,8 +782,7 @@ class ProcessTraceWriter:
                 select.select([], [self._fd], [], _POLL_S)
                 continue
             except (BrokenPipeError, OSError, ValueError):
-                self._dead = _death(self._proc, self._err, "the trace writer process")
-                raise TraceError(self._dead, self.path) from None
+                raise self._pipe_broke() from None
             view = view[n:]
 
     def _wait_sent(self) -> None:
@@ -810,8 +809,7 @@ class ProcessTraceWriter:
                 except BlockingIOError:
                     n = 0
                 except (BrokenPipeError, OSError, ValueError):
-                    self._dead = _death(self._proc, self._err, "the trace writer process")
-                    raise TraceError(self._dead, self.path) from None
+                    raise self._pipe_broke() from None
                 if n == len(head) + len(data):
                     return
                 rest: tuple[bytes | memoryview, ...] = (
@@ -835,8 +833,12 @@ class ProcessTraceWriter:
             self._proc.stdin.write(data)  # type: ignore[union-attr]
             self._proc.stdin.flush()  # type: ignore[union-attr]
         except (BrokenPipeError, OSError, ValueError):
-            self._dead = _death(self._proc, self._err, "the trace writer process")
-            raise TraceError(self._dead, self.path) from None
+            raise self._pipe_broke() from None
+
+    def _pipe_broke(self) -> TraceError:
+        """A write to the child failed: remember why it died (its own last words) and return the error to raise."""
+        self._dead = _death(self._proc, self._err, "the trace writer process")
+        return TraceError(self._dead, self.path)
 
     def _send(self, kind: str, payload: Any) -> None:
         if self._closed:
