@@ -476,14 +476,10 @@ class Recorder:
         if batch > 1 and not (force_send or quiet or self._ended - self._ended_at_pass >= batch):
             return
         self._ended_at_pass = self._ended
-        if quiet:
-            self._drain_all()  # a quiet run: do not hold its last steps back
+        if quiet or batch > 1:
+            self._drain_all()  # what is pending lands for this pass or the next (a quiet run's last steps too)
         self._write_ready(limit)
-        if batch > 1:
-            self._drain_all()  # what is still pending lands before the next pass
-            self._send(True)
-        else:
-            self._send(force_send)
+        self._send(force_send or batch > 1)
 
     def _drain_all(self) -> None:
         """Enqueue the copies of every ring's undrained values."""
