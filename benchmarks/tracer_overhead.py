@@ -40,6 +40,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -55,21 +56,6 @@ def order(i: int, arms: tuple[str, ...] = ARMS) -> tuple[str, ...]:
     """The arms' order in round `i`: off, on, profiler, then reversed, alternating (every arm sits at the same
     mean position over two rounds)."""
     return arms if i % 2 == 0 else tuple(reversed(arms))
-
-
-@contextlib.contextmanager
-def env_set(assign: dict[str, str]) -> Iterator[None]:
-    """`assign` in os.environ for the body (what an engine reads when it is built), restored after."""
-    old = {k: os.environ.get(k) for k in assign}
-    os.environ.update(assign)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def cell_config(bench: Bench, p: Preset, bs: int, plan_stream: bool) -> Any:
@@ -96,7 +82,8 @@ def open_arms(bench: Bench, p: Preset, bs: int, plan_stream: bool, tmp: str,
         with contextlib.ExitStack() as stack:
             arms: dict[str, Any] = {}
             for arm in arm_names:
-                with env_set(ab_env or {}) if arm == "onB" else contextlib.nullcontext():
+                # What an engine reads from the environment, it reads when it is built: B is built with ab_env set.
+                with mock.patch.dict(os.environ, ab_env or {}) if arm == "onB" else contextlib.nullcontext():
                     arms[arm] = stack.enter_context(bench.session.open_session(
                         cell_config(bench, p, bs, plan_stream), paths.get(arm), command=COMMAND,
                         overwrite=True, random_weights=p.random_weights, check=live_check))
@@ -248,9 +235,9 @@ def markdown(doc: dict[str, Any]) -> str:
 
     for r in doc["rows"]:
         w, rom = r["wall_ms"], r["ratio_of_medians"]
-        prof = (f"{_fmt(w['profiler'], 2)} | {_fmt(r['ratio_profiler'])} | {rom['profiler']:.3f}"
-                if r.get("ratio_profiler") else "— | — | —")
-        ms_prof, ratio_prof = prof.split(" | ", 1)
+        has_prof = bool(r.get("ratio_profiler"))
+        ms_prof = _fmt(w["profiler"], 2) if has_prof else "—"
+        ratio_prof = f"{_fmt(r['ratio_profiler'])} | {rom['profiler']:.3f}" if has_prof else "— | —"
         out.append(f"| {r['model']} | {r['batch_size']} | {_fmt(w['off'], 2)} | {_fmt(w['on'], 2)} | "
                    f"{ms_prof} | {_fmt(r['ratio_traced'])} | {rom['traced']:.3f} | {ratio_prof} | "
                    f"{'yes' if r['meets_target'] else '**no**'} | {check(r.get('trace_check'))} | "
