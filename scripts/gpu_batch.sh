@@ -23,6 +23,9 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log everything, pri
   local rc=$?
   echo "=== $name rc=$rc $(date +%T)" | tee -a "$log"
 }
+# Every recorder setting before session 10 (the sender thread for every message, stamp launches that let the GIL go,
+# torch drains, resolving at every poll): the B build of the `ab` and `final` A/B runs.
+old=SPECSCOPE_TRACE_SENDER=thread,SPECSCOPE_STAMP_GIL=release,SPECSCOPE_TORCH_DRAINS=1,SPECSCOPE_RESOLVE_BATCH=1
 sticky_run() {  # a run that hits a sticky CUDA error (wild page id), and what the checker says of its trace
   step sticky 60 bash -c "specscope run --device cuda --inject wild-page-id --requests 4 --batch-size 2 \
     --max-new-tokens 16 -o $work/sticky.db; echo rc=\$?; specscope check $work/sticky.db --max-per-check 2"
@@ -93,7 +96,6 @@ case $part in
     # engine: sync-debug, lossless greedy, ring == host copies, faults, sticky error), then the paired A/B in one
     # process per model (the default build against one with every previous setting: the sender thread for every
     # message, stamp launches that let the GIL go, torch drains, resolving at every poll), then the other GPU tests.
-    old=SPECSCOPE_TRACE_SENDER=thread,SPECSCOPE_STAMP_GIL=release,SPECSCOPE_TORCH_DRAINS=1,SPECSCOPE_RESOLVE_BATCH=1
     step tests-recorder 210 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu/test_stamps_gpu.py \
       tests/gpu/test_ring_pack_gpu.py tests/gpu/test_engine_gpu.py
     step ab-tiny 110 python benchmarks/tracer_overhead.py --models tiny --batch-sizes 1,16 --quick --rounds 9 \
@@ -119,7 +121,6 @@ case $part in
   final)
     # Session 10's last call: issue 12's overhead table (every cell, with the profiler anchor), the A/B against the
     # previous settings at bs 64, the plan-stream share, then the GPU tests that `ab` did not run.
-    old=SPECSCOPE_TRACE_SENDER=thread,SPECSCOPE_STAMP_GIL=release,SPECSCOPE_TORCH_DRAINS=1,SPECSCOPE_RESOLVE_BATCH=1
     step overhead 200 python benchmarks/tracer_overhead.py --quick --rounds 9 --out "$out/tracer_overhead.json"
     step ab-64 90 python benchmarks/tracer_overhead.py --models tiny,llama3-8b --batch-sizes 64 --quick --rounds 9 \
       --no-profiler --ab-env "$old" --out "$out/ab_64.json"
