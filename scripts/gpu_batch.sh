@@ -33,10 +33,16 @@ sticky_run() {  # a run that hits a sticky CUDA error (wild page id), and what t
 case $part in
   tests)
     # The detection table runs beside the tests (same GPU, tiny models; neither measures time).
-    step detection 420 python scripts/detection_table.py --device cuda --out "$work/detection-h200.json" &
-    step gpu-tests 420 python -m pytest -q -m gpu tests/gpu -rs -p no:cacheprovider
+    step detection 400 python scripts/detection_table.py --device cuda --out "$work/detection-h200.json" &
+    step gpu-tests 400 python -m pytest -q -m gpu tests/gpu -rs -p no:cacheprovider
     wait
     sticky_run
+    # Whether CUDA event times and %globaltimer are one clock (scripts/event_clock.py), and the recorder's host µs per
+    # call on the GPU host at tiny bs 1 (what each call costs inside a run, after session 10's cuts).
+    step event-clock 50 python scripts/event_clock.py --seconds 20 --out "$out/event_clock.json"
+    step recorder-host 60 python benchmarks/recorder_host.py --device cuda --batch-sizes 1 --new-tokens 40 \
+      --out "$out/recorder_host_cuda.json"
+    grep -E "^=== |passed|failed|^host ns|^t |ppm" "$log"
     ;;
   recheck)
     # What session 9's GPU run of the deferred replay records (1f074cb) did not reach before its time limit: the
