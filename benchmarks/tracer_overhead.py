@@ -45,9 +45,10 @@ from unittest import mock
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from engine_speed import Bench, BenchError, Preset, load_torch, presets, steady, summarize, versions  # noqa: E402
+from recorder_ablation import LEVELS, recorder_class  # noqa: E402
 
 TARGET = 1.02
-ARMS = ("off", "on", "profiler")  # "onB" (--ab-env) and no "profiler" (--no-profiler) change the list per run
+ARMS = ("off", "on", "profiler")  # "onB" (--ab-env, --ab-ablate) and --no-profiler change the list per run
 WARMUP_ROUNDS = 1  # per arm: the first round is dropped
 COMMAND = "benchmarks/tracer_overhead.py"
 
@@ -71,10 +72,10 @@ def cell_config(bench: Bench, p: Preset, bs: int, plan_stream: bool) -> Any:
 @contextlib.contextmanager
 def open_arms(bench: Bench, p: Preset, bs: int, plan_stream: bool, tmp: str,
               live_check: bool = True, arm_names: tuple[str, ...] = ARMS,
-              ab_env: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
-    """The engines of a cell, built once (off, on, profiler; "onB": traced, built with `ab_env` set), sharing the
-    cached model weights; on exit they are closed (each trace with its live checker's verdict) and the trace
-    files removed."""
+              ab_env: dict[str, str] | None = None, ab_ablate: str | None = None) -> Iterator[dict[str, Any]]:
+    """The engines of a cell, built once (off, on, profiler; "onB": traced, built with `ab_env` set, or with the
+    measurement-only recorder of `ab_ablate`, recorder_ablation.py), sharing the cached model weights; on exit they
+    are closed (each trace with its live checker's verdict) and the trace files removed."""
     bench._arm = "fused"  # the engine's default ops (flashinfer's fused kernels where they exist)
     bench._loaded = []
     paths = {a: os.path.join(tmp, f"{a}-{Path(p.model).name}-bs{bs}.db") for a in ("on", "onB")}
@@ -83,7 +84,10 @@ def open_arms(bench: Bench, p: Preset, bs: int, plan_stream: bool, tmp: str,
             arms: dict[str, Any] = {}
             for arm in arm_names:
                 # What an engine reads from the environment, it reads when it is built: B is built with ab_env set.
-                with mock.patch.dict(os.environ, ab_env or {}) if arm == "onB" else contextlib.nullcontext():
+                b = arm == "onB"
+                with mock.patch.dict(os.environ, ab_env or {}) if b else contextlib.nullcontext(), \
+                        mock.patch.object(bench.session, "Recorder", recorder_class(ab_ablate)) \
+                        if b and ab_ablate else contextlib.nullcontext():
                     arms[arm] = stack.enter_context(bench.session.open_session(
                         cell_config(bench, p, bs, plan_stream), paths.get(arm), command=COMMAND,
                         overwrite=True, random_weights=p.random_weights, check=live_check))
@@ -131,18 +135,20 @@ def _check_ops(bench: Bench) -> str:
 
 
 def run_cell(bench: Bench, p: Preset, bs: int, rounds: int, plan_stream: bool, tmp: str,
-             live_check: bool = True, ab_env: dict[str, str] | None = None, profiler: bool = True) -> dict[str, Any]:
+             live_check: bool = True, ab_env: dict[str, str] | None = None, profiler: bool = True,
+             ab_ablate: str | None = None) -> dict[str, Any]:
     """The arms' engines built once, `rounds` alternating rounds on them; ratios are taken within a round."""
     if rounds <= WARMUP_ROUNDS:
         raise BenchError(f"--rounds must be more than the {WARMUP_ROUNDS} warm-up round")
-    names = ("off", "on", *(("onB",) if ab_env else ()), *(("profiler",) if profiler else ()))
+    ab = bool(ab_env or ab_ablate)
+    names = ("off", "on", *(("onB",) if ab else ()), *(("profiler",) if profiler else ()))
     walls: dict[str, list[float]] = {a: [] for a in names}
     flush: list[float] = []
     # Every run's tokens: one workload on engines sharing weights, so the same greedy outputs are expected (a
     # diagnostic, not a verdict: a difference would point at an engine reading state it does not own).
     outputs: list[list[list[int]]] = []
     checks: dict[str, Any] = {}
-    with open_arms(bench, p, bs, plan_stream, tmp, live_check, names, ab_env) as arms:
+    with open_arms(bench, p, bs, plan_stream, tmp, live_check, names, ab_env, ab_ablate) as arms:
         for i in range(rounds):
             for arm in order(i, names):
                 wall, f, out = run_round(bench, arms[arm], arm, bs, seed=0)
@@ -182,14 +188,21 @@ def run_cell(bench: Bench, p: Preset, bs: int, rounds: int, plan_stream: bool, t
         row["ratio_profiler"] = summarize(ratios("profiler"))
         row["round_ratios"]["profiler"] = ratios("profiler")
         row["ratio_of_medians"]["profiler"] = med["profiler"] / med["off"]
-    if ab_env:
+    if ab:
         # The B build of the traced engine, in the same rounds: B / untraced, and the paired A / B (the "on" arm
         # over the "onB" arm of the same round: below 1 when the default build costs less).
-        row.update(ab_env=ab_env, ratio_traced_b=summarize(ratios("onB")),
+        row.update(ab_env=ab_env or {}, ab_ablate=ab_ablate, ratio_traced_b=summarize(ratios("onB")),
                    ratio_a_over_b=summarize(ratios("on", "onB")), trace_check_b=checks.get("onB"))
         row["round_ratios"].update(traced_b=ratios("onB"), a_over_b=ratios("on", "onB"))
         row["ratio_of_medians"].update(traced_b=med["onB"] / med["off"], a_over_b=med["on"] / med["onB"])
     return row
+
+
+def b_settings(d: dict[str, Any]) -> str:
+    """What the onB engine of a results document or row was built with ("" without one)."""
+    if d.get("ab_ablate"):
+        return f"the measurement-only recorder {d['ab_ablate']!r} (recorder_ablation.py)"
+    return " ".join(f"{k}={v}" for k, v in (d.get("ab_env") or {}).items())
 
 
 def _fmt(s: dict[str, float], prec: int = 3) -> str:
@@ -200,11 +213,11 @@ def markdown(doc: dict[str, Any]) -> str:
     """The results as a markdown table with the provenance above it."""
     v = doc["versions"]
     acts = "CPU only: a CPU dry run" if doc.get("cpu_dry_run") else "CPU + CUDA"
-    ab, prof = doc.get("ab_env"), doc.get("profiler", True)
+    ab, prof = b_settings(doc), doc.get("profiler", True)
     names = ["off", "on", *(["onB"] if ab else []), *(["profiler"] if prof else [])]
     kinds = ["untraced (off)", "traced (on)"]
     if ab:
-        kinds.append("traced, built with " + " ".join(f"{k}={v}" for k, v in ab.items()) + " (onB)")
+        kinds.append(f"traced, built with {ab} (onB)")
     if prof:
         kinds.append(f"untraced under torch.profiler ({acts})")
     out = ["# Tracer overhead (`benchmarks/tracer_overhead.py`)", "",
@@ -242,7 +255,7 @@ def markdown(doc: dict[str, Any]) -> str:
                    f"{ms_prof} | {_fmt(r['ratio_traced'])} | {rom['traced']:.3f} | {ratio_prof} | "
                    f"{'yes' if r['meets_target'] else '**no**'} | {check(r.get('trace_check'))} | "
                    f"{'yes' if r['outputs_identical'] else '**no**'} |")
-    ab = [r for r in doc["rows"] if r.get("ab_env")]
+    ab = [r for r in doc["rows"] if r.get("ab_env") or r.get("ab_ablate")]
     if ab:
         out += ["", "A/B in the same rounds: the traced engine built with the default settings (A, the \"traced\" "
                 "column above) and one built with these settings (B); A / B below 1 means A costs less.", "",
@@ -250,8 +263,7 @@ def markdown(doc: dict[str, Any]) -> str:
                 "| B live check |", "|---|---|---|---|---|---|---|---|---|"]
         for r in ab:
             rom = r["ratio_of_medians"]
-            env = " ".join(f"{k}={v}" for k, v in r["ab_env"].items())
-            out.append(f"| {r['model']} | {r['batch_size']} | `{env}` | {_fmt(r['wall_ms']['onB'], 2)} | "
+            out.append(f"| {r['model']} | {r['batch_size']} | `{b_settings(r)}` | {_fmt(r['wall_ms']['onB'], 2)} | "
                        f"{_fmt(r['ratio_traced_b'])} | {rom['traced_b']:.3f} | {_fmt(r['ratio_a_over_b'])} | "
                        f"{rom['a_over_b']:.3f} | {check(r.get('trace_check_b'))} |")
     out.append("")
@@ -268,7 +280,7 @@ def write(args: argparse.Namespace, argv: list[str], torch: Any, rows: list[dict
                command="python benchmarks/tracer_overhead.py " + shlex.join(argv), rounds=args.rounds,
                warmup_rounds=WARMUP_ROUNDS, repeats=args.rounds - WARMUP_ROUNDS,
                plan_stream=not args.no_plan_stream, live_check=not args.no_live_check, spec_steps=args.spec_steps,
-               quick=args.quick, ab_env=args.ab_env, profiler=not args.no_profiler,
+               quick=args.quick, ab_env=args.ab_env, ab_ablate=args.ab_ablate, profiler=not args.no_profiler,
                cpu_dry_run=args.cpu, snapshot_ring_env=os.environ.get("SPECSCOPE_SNAPSHOT_RING"),
                specscope_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("SPECSCOPE_")},
                seconds=round(time.perf_counter() - t0, 1), rows=rows)
@@ -296,6 +308,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--ab-env", default=None, metavar="VAR=VALUE[,VAR=VALUE]",
                     help="A/B: add a second traced engine built with these environment variables set (arm onB, in "
                          "the same alternating rounds), to compare two recorder settings within one process")
+    ap.add_argument("--ab-ablate", default=None, choices=LEVELS,
+                    help="A/B: the second traced engine (onB) records through a measurement-only recorder with part "
+                         "of the host-side recording off (benchmarks/recorder_ablation.py): what that part costs")
     ap.add_argument("--no-profiler", action="store_true", help="leave out the torch.profiler arm")
     ap.add_argument("--cpu", action="store_true",
                     help="a CPU dry run of the harness (float32, fused-torch ops; needs --out, numbers meaningless)")
@@ -315,6 +330,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             ap.error(f"--ab-env takes SPECSCOPE_VAR=VALUE items, got {item.strip()!r}")
         ab[k] = v
     args.ab_env = ab or None
+    if args.ab_env and args.ab_ablate:
+        ap.error("--ab-env and --ab-ablate each build the onB engine: give one of them")
     try:
         args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError:
@@ -347,14 +364,14 @@ def main(argv: list[str] | None = None) -> int:
                 p = table[name]
                 for bs in args.batch_sizes:
                     row = run_cell(bench, p, bs, args.rounds, not args.no_plan_stream, tmp, not args.no_live_check,
-                                   args.ab_env, not args.no_profiler)
+                                   args.ab_env, not args.no_profiler, args.ab_ablate)
                     rows.append(row)
                     rom = row["ratio_of_medians"]
                     line = (f"{p.label[:26]:26s} bs {bs:3d}  off {row['wall_ms']['off']['median']:7.3f} ms  "
                             f"traced {_fmt(row['ratio_traced'])} (of medians {rom['traced']:.3f})")
                     if row.get("ratio_profiler"):
                         line += f"  profiler {_fmt(row['ratio_profiler'])} (of medians {rom['profiler']:.3f})"
-                    if args.ab_env:
+                    if args.ab_env or args.ab_ablate:
                         line += (f"  B {_fmt(row['ratio_traced_b'])} (of medians {rom['traced_b']:.3f})  "
                                  f"A/B {_fmt(row['ratio_a_over_b'])} (of medians {rom['a_over_b']:.3f})")
                     print(line, flush=True)

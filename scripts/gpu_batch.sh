@@ -5,8 +5,8 @@
 # machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
 # inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|final}
-case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|final" >&2; exit 2 ;; esac
+part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|final}
+case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|final" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
@@ -123,6 +123,18 @@ case $part in
     # Whether eager spans could be event records on the stamps' clock (scripts/event_clock.py's docstring).
     step event-clock 60 python scripts/event_clock.py --seconds 30 --out "$out/event_clock.json"
     grep -E "^=== |bs +[0-9]+ +off|^host ns|^t |ppm" "$log"
+    ;;
+  floor)
+    # Session 11: what recording inside the graphs costs alone (the measurement-only `floor` recorder: graphs captured
+    # with the real recorder's nodes, nothing recorded on the host after the captures) and what the eager spans cost
+    # (`eager-spans`: the real recorder without them), each against the real recorder in the same rounds.
+    step floor-tiny 120 python benchmarks/tracer_overhead.py --models tiny --quick --rounds 9 --no-profiler \
+      --ab-ablate floor --out "$out/floor_tiny.json"
+    step floor-8b 150 python benchmarks/tracer_overhead.py --models llama3-8b --batch-sizes 1,16 --quick --rounds 9 \
+      --no-profiler --ab-ablate floor --out "$out/floor_8b.json"
+    step eager-spans 150 python benchmarks/tracer_overhead.py --models tiny,llama3-8b --batch-sizes 1 --quick \
+      --rounds 9 --no-profiler --ab-ablate eager-spans --out "$out/eager_spans.json"
+    grep -E "^=== |bs +[0-9]+ +off" "$log"
     ;;
   final)
     # Session 10's last call: issue 12's overhead table (every cell, with the profiler anchor), the A/B against the
