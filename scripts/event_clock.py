@@ -59,9 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     ev_timing.record(s)  # torch makes the CUDA event at its first record
     handle = ctypes.c_void_p(ev_timing.cuda_event)
     h = ctypes.c_void_p(s.cuda_stream)
-    costs = dict(stamp=host_ns(ring.stamp, ring), stamp_launch_only=host_ns(ring.launch, ring),
-                 driver_event_record=host_ns(lambda: drv.event_record(handle, h), ring),
-                 torch_event_record=host_ns(lambda: ev_timing.record(s), ring))
+    # The costs on a ring of their own: `launch` stamps without numbering them, so the device's slot index runs ahead
+    # of the ring's count, and the pairs below would read the wrong slots of a ring it had been called on.
+    scratch = StampRing(dev, s)
+    costs = dict(stamp=host_ns(scratch.stamp, scratch), stamp_launch_only=host_ns(scratch.launch, scratch),
+                 driver_event_record=host_ns(lambda: drv.event_record(handle, h), scratch),
+                 torch_event_record=host_ns(lambda: ev_timing.record(s), scratch))
     print("host ns per call:", ", ".join(f"{k} {v}" for k, v in costs.items()), flush=True)
 
     # Per block, behind a spin: pairs (stamp, event) and, as the bracket's other side, (event, stamp). Within a block
