@@ -134,7 +134,8 @@ case $part in
       --no-profiler --ab-ablate floor --out "$out/floor_8b.json"
     step eager-spans 150 python benchmarks/tracer_overhead.py --models tiny,llama3-8b --batch-sizes 1 --quick \
       --rounds 9 --no-profiler --ab-ablate eager-spans --out "$out/eager_spans.json"
-    grep -E "^=== |bs +[0-9]+ +off" "$log"
+    step event-clock 50 python scripts/event_clock.py --seconds 20 --out "$out/event_clock.json"
+    grep -E "^=== |bs +[0-9]+ +off|^host ns|^t |ppm" "$log"
     ;;
   final)
     # Session 10's last call: issue 12's overhead table (every cell, with the profiler anchor), the A/B against the
