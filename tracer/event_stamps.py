@@ -24,13 +24,9 @@ import ctypes
 from collections import deque
 from collections.abc import Callable
 
-from .stamps import StampRing, _driver
+from .stamps import SLOTS, StampRing, _driver
 
-# Events per stream, made up front (cuEventCreate costs µs: not on the launch path). An event is re-recorded this many
-# numbers later; a step's values are read when it resolves, long before (a held-back step's through `on_lap`).
-EVENT_SLOTS = 1024
 _LONG_MS = 50.0  # elapsed to the next anchor beyond which the previous anchor is tried too (float ms loses ns)
-_NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 
 class EventStamps:
@@ -39,7 +35,7 @@ class EventStamps:
     It numbers, drains, completes and reads stamps as a StampRing does (`stamp`, `drain`, `completed`, `wait`,
     `value`, `on_lap`), so the recorder treats both alike."""
 
-    def __init__(self, stamps: StampRing, slots: int = EVENT_SLOTS) -> None:
+    def __init__(self, stamps: StampRing, slots: int = SLOTS) -> None:
         self.stamps = stamps
         self.is_cuda = True
         self.stream_handle = stamps.stream_handle
@@ -54,8 +50,7 @@ class EventStamps:
         self._elapsed = drv.event_elapsed
         self._h = ctypes.c_void_p(self.stream_handle)
         self._ms = ctypes.c_float()
-        self._query = drv.event_query
-        self._events = [drv.new_event(timing=True) for _ in range(slots)]  # number n's is _events[n % slots]
+        self._events: list[int] = []  # the event of number n is _events[n % slots], re-recorded `slots` numbers on
         self._read_below = 0  # on_lap has read out every number below this
         self._pending: deque[tuple[int, int, int]] = deque()  # anchors in flight: (end, event, stamp number)
         self._ends: list[int] = []  # landed anchors: numbers below `end` are covered, ...
@@ -66,9 +61,14 @@ class EventStamps:
     def stamp(self) -> int:
         """Record the next event on the stream; returns its number."""
         seq = self.count
-        if seq >= self.slots and seq - self.slots >= self._read_below:
-            self._lap(seq)
-        rc = self._record(self._events[seq % self.slots], self._h)
+        if seq < self.slots:
+            ev = self._drv.new_event(timing=True)
+            self._events.append(ev)
+        else:
+            if seq - self.slots >= self._read_below:
+                self._lap(seq)
+            ev = self._events[seq % self.slots]
+        rc = self._record(ev, self._h)
         if rc:
             self._check(rc, "cuEventRecord")
         self.count = seq + 1
@@ -103,15 +103,7 @@ class EventStamps:
         if pending:
             landed = self.stamps.completed()
             while pending and pending[0][2] < landed:
-                end, ev, a_seq = pending[0]
-                # The anchor's stamp can land before its event has run (a drain its stamp ring made on its own,
-                # between the two): the event is asked too.
-                rc = self._query(ev)
-                if rc == _NOT_READY:
-                    break
-                if rc:
-                    self._check(rc, "cuEventQuery")
-                pending.popleft()
+                end, ev, a_seq = pending.popleft()
                 self._ends.append(end)
                 self._anchors.append((ev, self.stamps.value(a_seq)))
                 self._done = end
@@ -130,10 +122,9 @@ class EventStamps:
         """Block until number `seq` has its value (laying its anchor first if need be)."""
         if seq >= self.drained:
             self.drain()
-        for end, ev, a_seq in self._pending:
+        for end, _, a_seq in self._pending:
             if end > seq:
                 self.stamps.wait(a_seq)
-                self._check(self._drv.event_sync(ev), "cuEventSynchronize")  # (its stamp may land first)
                 break
         self.completed()
 
