@@ -5,8 +5,8 @@
 # machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
 # inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|events|final}
-case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|events|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|events|final" >&2; exit 2 ;; esac
+part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|final}
+case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|final" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
@@ -136,20 +136,6 @@ case $part in
       --rounds 9 --no-profiler --ab-ablate eager-spans --out "$out/eager_spans.json"
     step event-clock 50 python scripts/event_clock.py --seconds 20 --out "$out/event_clock.json"
     grep -E "^=== |bs +[0-9]+ +off|^host ns|^t |ppm" "$log"
-    ;;
-  events)
-    # Session 11's eager spans timed by event records (tracer/event_stamps.py): their GPU tests and the recorder's
-    # (beside the detection table: tiny models, no timing), then the paired A/B against stamp kernels, issue 12's
-    # overhead table (every cell, with the profiler anchor) and the plan-stream share.
-    step detection 200 python scripts/detection_table.py --device cuda --out "$work/detection-h200.json" &
-    step tests-recorder 240 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu/test_event_stamps_gpu.py \
-      tests/gpu/test_stamps_gpu.py tests/gpu/test_ring_pack_gpu.py tests/gpu/test_engine_gpu.py
-    wait
-    step ab-events 120 python benchmarks/tracer_overhead.py --models tiny,llama3-8b --batch-sizes 1,16 --quick \
-      --rounds 9 --no-profiler --ab-env SPECSCOPE_EAGER_STAMPS=kernel --out "$out/ab_events.json"
-    step overhead 150 python benchmarks/tracer_overhead.py --quick --rounds 9 --out "$out/tracer_overhead.json"
-    step plan-stream 45 python benchmarks/plan_stream.py --out "$out/plan_stream.json"
-    grep -E "^=== |passed|failed|error|bs +[0-9]+ +off|hidden" "$log"
     ;;
   final)
     # Session 10's last call: issue 12's overhead table (every cell, with the profiler anchor), the A/B against the

@@ -3,9 +3,9 @@ consumed into schema records and hands them to the trace writer.
 
 Hot-path rule: on a GPU nothing here synchronizes. Metadata snapshots are copied device->host with
 `non_blocking` copies into pinned staging buffers (or, for graph replays, written into a device ring inside the
-graph); spans are timed by the GPU itself on one device clock (`tracer.stamps`: stamp kernels captured in the
-graphs; eager spans by event records read on the stamps' clock, `tracer.event_stamps`); a step is turned into a
-record only once its stamps and copies have landed (`poll`), and the SQLite work happens in the writer's process.
+graph); spans are timed by stamps the GPU writes itself (`tracer.stamps`: captured in the graphs, one driver call
+when eager), all on one device clock; a step is turned into a record only once its stamps and copies have landed
+(`poll`), and the SQLite work happens in the writer's process.
 With tracing off the engine uses `NullRecorder`, whose methods do nothing.
 
 What the engine records are facts, never verdicts: spans (stream, documented name, start/end ns), the wait
@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from .event_stamps import EventStamps
 from .process_writer import ProcessTraceWriter
 from .ring_pack import RingPacker, fused_wanted
 from .schema import CallError, ForwardMode, GraphPhase, RequestRecord
@@ -130,7 +129,7 @@ class _Span:
 
     __slots__ = ("recs", "stream", "name", "ring", "a")
 
-    def __init__(self, recs: list[StepRecord], stream: str, name: str, ring: StampRing | EventStamps | None) -> None:
+    def __init__(self, recs: list[StepRecord], stream: str, name: str, ring: StampRing | None) -> None:
         self.recs, self.stream, self.name, self.ring, self.a = recs, stream, name, ring, 0
 
     def __enter__(self) -> None:
@@ -252,11 +251,6 @@ class Recorder:
             writer.send_in_background(direct=sender != "thread")
         # One stamp ring per stream; the compute stream's is the one captured graphs stamp (`compute_stamps`).
         self._stamps: dict[Any, StampRing] = {}
-        # Eager spans on a GPU are timed by event records on the stamps' clock (tracer.event_stamps), one set per
-        # stream; SPECSCOPE_EAGER_STAMPS=kernel launches a stamp kernel per end instead (sessions 6-10), to measure.
-        self._eager: dict[Any, EventStamps] = {}
-        self._eager_events = self.is_cuda and os.environ.get("SPECSCOPE_EAGER_STAMPS", "event") != "kernel"
-        self._compute_eager: EventStamps | None = None
         self._np_views: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # see snapshot_host
         self.compute_stamps = self.stamp_ring("compute", torch.cuda.current_stream(device) if self.is_cuda else None)
         self.clock = StampClock(self.compute_stamps)  # device stamps -> host ns, measured once
@@ -384,29 +378,12 @@ class Recorder:
         return ring
 
     def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> _Span:
-        """Time a region for one step or a list of steps (a context manager): on a GPU by event records on
-        `cuda_stream` read on the stamps' clock (tracer.event_stamps; stamp kernels with
-        SPECSCOPE_EAGER_STAMPS=kernel), with the host clock for a host region (`cuda_stream` None on a GPU); on the
-        CPU stamps are host times. A body that raises leaves no span (after a sticky CUDA error nothing may be
-        launched any more). Span names are documented in docs/trace-format.md ("producers", "metadata",
-        "forward")."""
-        if self.is_cuda:
-            if cuda_stream is None:
-                return _Span(_recs(rec), stream, name, None)  # a host region
-            if self._eager_events:
-                return _Span(_recs(rec), stream, name, self.eager_ring(stream, cuda_stream))
-        return _Span(_recs(rec), stream, name, self.stamp_ring(stream, cuda_stream))
-
-    def eager_ring(self, stream: str, cuda_stream: Any) -> EventStamps:
-        """The event-timed eager stamps of a CUDA stream (GPU), made on first use."""
-        key = cuda_stream.cuda_stream
-        ring = self._eager.get(key)
-        if ring is None:
-            ring = self._eager[key] = EventStamps(self.stamp_ring(stream, cuda_stream))
-            ring.on_lap = lambda below, r=ring: self._read_out_stamps(r, below)
-            if ring.stamps is self.compute_stamps:
-                self._compute_eager = ring
-        return ring
+        """Time a region for one step or a list of steps (a context manager): with device stamps on `cuda_stream` on
+        a GPU (stamps on the CPU are host times), with the host clock for a host region (`cuda_stream` None on a
+        GPU). A body that raises leaves no span (after a sticky CUDA error nothing may be launched any more). Span
+        names are documented in docs/trace-format.md ("producers", "metadata", "forward")."""
+        host = self.is_cuda and cuda_stream is None
+        return _Span(_recs(rec), stream, name, None if host else self.stamp_ring(stream, cuda_stream))
 
     def graph_span(self, rec: StepRecord, stream: str, name: str, ring: StampRing) -> None:
         """A span a graph replay just launched stamped itself (its first and last node, on `ring`'s stream): the
@@ -414,7 +391,7 @@ class Recorder:
         a = ring.claim(2)
         rec.spans.append(_PendingSpan(stream, name, (ring, a), (ring, a + 1)))
 
-    def _read_out_stamps(self, ring: StampRing | EventStamps, below: int) -> None:
+    def _read_out_stamps(self, ring: StampRing, below: int) -> None:
         """A drain is about to overwrite the host slots of `ring`'s stamps numbered below `below`: a step still
         holding one (held back behind an unfinished earlier step) takes its value out first."""
         for rec in (*self._pending, *self._open):
@@ -483,8 +460,6 @@ class Recorder:
                     ring.wait(p.seq)
                     p.host, p.seq = torch.from_numpy(ring.row(p.seq, p.length)), None
         ring.drain()
-        if self._compute_eager is not None:
-            self._compute_eager.drain()  # its anchor goes on the compute stamps, drained just below
         self.compute_stamps.drain()  # the replays' stamps, in the same pass (same stream)
 
     def poll(self, force_send: bool = False, limit: int | None = RESOLVE_PER_POLL) -> None:
@@ -509,8 +484,6 @@ class Recorder:
     def _drain_all(self) -> None:
         """Enqueue the copies of every ring's undrained values."""
         self._drain_ring(force=True)
-        for eager in self._eager.values():
-            eager.drain()  # first: each lays its anchor on a stamp ring below
         for ring in self._stamps.values():
             ring.drain()
 
@@ -569,8 +542,8 @@ class Recorder:
                     if got is None:
                         got = done[id(ring)] = ring.completed()
                     if seq >= got:
-                        if seq >= ring.drained and (ring.count - ring.drained >= DRAIN_STAMPS or self.ring is None
-                                                    and (ring is self.compute_stamps or ring is self._compute_eager)):
+                        if seq >= ring.drained and (ring.count - ring.drained >= DRAIN_STAMPS
+                                                    or ring is self.compute_stamps and self.ring is None):
                             ring.drain()  # enough have gathered (or no snapshot-ring drain will take them)
                         return False
         return True
@@ -629,7 +602,7 @@ class Recorder:
         recs = sorted(list(self._pending) + launched, key=lambda r: r.index)
         # Device objects must never be destroyed now: their destructors query the dead context and print C++
         # warnings (or abort). The process is ending; keep them referenced until it does.
-        keep_until_exit(self._free_events, self._ring, self._stamps, self._eager, recs, self.ring)
+        keep_until_exit(self._free_events, self._ring, self._stamps, recs, self.ring)
         for raw in self._outbox:  # resolved before the failure: complete, and first in index order
             self.writer.write_raw_step(raw)
         self._outbox = []

@@ -87,17 +87,13 @@ class _Driver:
         self.event_sync = lib.cuEventSynchronize  # CDLL: lets the GIL go while it blocks
         self.event_sync.argtypes = (ctypes.c_void_p,)
         self._event_create = lib.cuEventCreate
-        self.event_elapsed = py.cuEventElapsedTime
-        self.event_elapsed.argtypes = (ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
-        for f in (self.memcpy_dtoh, self.event_record, self.event_query, self.event_sync, self._event_create,
-                  self.event_elapsed):
+        for f in (self.memcpy_dtoh, self.event_record, self.event_query, self.event_sync, self._event_create):
             f.restype = ctypes.c_int
 
-    def new_event(self, timing: bool = False) -> int:
-        """A CUDA event (the driver's handle), without timing unless `timing`."""
+    def new_event(self) -> int:
+        """A CUDA event without timing (the driver's handle)."""
         ev = ctypes.c_void_p()
-        # flags 2: CU_EVENT_DISABLE_TIMING; 0: a timing event
-        self._check(self._event_create(ctypes.byref(ev), 0 if timing else 2), "cuEventCreate")
+        self._check(self._event_create(ctypes.byref(ev), 2), "cuEventCreate")  # 2: CU_EVENT_DISABLE_TIMING
         return ev.value or 0
 
     def _check(self, rc: int, call: str) -> None:
