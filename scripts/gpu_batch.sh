@@ -5,8 +5,8 @@
 # machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
 # inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|final}
-case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|final" >&2; exit 2 ;; esac
+part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|final}
+case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|final" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
@@ -136,6 +136,14 @@ case $part in
       --rounds 9 --no-profiler --ab-ablate eager-spans --out "$out/eager_spans.json"
     step event-clock 50 python scripts/event_clock.py --seconds 20 --out "$out/event_clock.json"
     grep -E "^=== |bs +[0-9]+ +off|^host ns|^t |ppm" "$log"
+    ;;
+  last)
+    # Session 11's last call, on the final code (the recorder as at ce0b109): issue 12's table (every cell, with the
+    # profiler anchor), then the two borderline 8B cells again with 15 rounds.
+    step overhead 200 python benchmarks/tracer_overhead.py --quick --rounds 9 --out "$out/tracer_overhead.json"
+    step overhead-8b-15 150 python benchmarks/tracer_overhead.py --models llama3-8b --batch-sizes 1,16 --quick \
+      --rounds 15 --no-profiler --out "$out/tracer_overhead_8b_15.json"
+    grep -E "^=== |bs +[0-9]+ +off" "$log"
     ;;
   final)
     # Session 10's last call: issue 12's overhead table (every cell, with the profiler anchor), the A/B against the
