@@ -5,8 +5,8 @@
 # machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
 # inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|final}
-case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|final" >&2; exit 2 ;; esac
+part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|final}
+case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|final" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
@@ -144,6 +144,13 @@ case $part in
     step overhead-8b-15 150 python benchmarks/tracer_overhead.py --models llama3-8b --batch-sizes 1,16 --quick \
       --rounds 15 --no-profiler --out "$out/tracer_overhead_8b_15.json"
     grep -E "^=== |bs +[0-9]+ +off" "$log"
+    ;;
+  plan)
+    # The plan-stream share on the final code, and the floor at 8B bs 64 (the one cell `floor` left out).
+    step plan-stream 60 python benchmarks/plan_stream.py --out "$out/plan_stream.json"
+    step floor-8b-64 90 python benchmarks/tracer_overhead.py --models llama3-8b --batch-sizes 64 --quick --rounds 9 \
+      --no-profiler --ab-ablate floor --out "$out/floor_8b_64.json"
+    grep -E "^=== |bs +[0-9]+ +off|hidden" "$log"
     ;;
   final)
     # Session 10's last call: issue 12's overhead table (every cell, with the profiler anchor), the A/B against the
