@@ -18,6 +18,10 @@ backlog does not run into the next arm's run; the live checker is a separate pro
     python benchmarks/tracer_overhead.py --quick --rounds 7    # shorter requests, fewer rounds
     SPECSCOPE_SNAPSHOT_RING=0 python benchmarks/tracer_overhead.py --models tiny   # the per-step host copies
     SPECSCOPE_DEFER_SNAPSHOTS=0 python benchmarks/tracer_overhead.py --models llama3-8b   # replay records at launch
+    python benchmarks/tracer_overhead.py --quick --rounds 9 --no-profiler --ab-env SPECSCOPE_RESOLVE_BATCH=1
+                                                               # a second traced build in the same rounds (A/B)
+    python benchmarks/tracer_overhead.py --quick --rounds 9 --no-profiler --ab-ablate floor
+                                                               # against the graphs' nodes alone (no host recording)
     python benchmarks/tracer_overhead.py --cpu --quick --models tiny --batch-sizes 1,4 --rounds 5 --out /tmp/t.json
                                                                # a CPU dry run of the harness (numbers meaningless)
 
