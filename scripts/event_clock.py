@@ -42,17 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="event_clock.json")
     a = ap.parse_args(argv)
     import torch
-
-    if not torch.cuda.is_available():
-        print("event_clock: error: needs a CUDA GPU", file=sys.stderr)
-        return 2
     from clock_drift import fit  # the least-squares drift line clock_drift.py fits (ppm)
     from specscope.tracer.stamps import StampRing, _driver
-    from stamp_cost import host_ns  # median host ns per call, the ring drained between loops
+    from stamp_cost import host_ns, stamp_ring_on_gpu  # median host ns per call; the current stream and a ring
 
-    dev = torch.device("cuda")
-    s = torch.cuda.current_stream(dev)
-    ring = StampRing(dev, s)
+    got = stamp_ring_on_gpu("event_clock")
+    if got is None:
+        return 2
+    s, ring = got
     drv = _driver()
     sync = torch.cuda.synchronize
     ev_timing = torch.cuda.Event(enable_timing=True)
@@ -61,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     h = ctypes.c_void_p(s.cuda_stream)
     # The costs on a ring of their own: `launch` stamps without numbering them, so the device's slot index runs ahead
     # of the ring's count, and the pairs below would read the wrong slots of a ring it had been called on.
-    scratch = StampRing(dev, s)
+    scratch = StampRing(ring.device, s)
     costs = dict(stamp=host_ns(scratch.stamp, scratch), stamp_launch_only=host_ns(scratch.launch, scratch),
                  driver_event_record=host_ns(lambda: drv.event_record(handle, h), scratch),
                  torch_event_record=host_ns(lambda: ev_timing.record(s), scratch))

@@ -10,9 +10,20 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from specscope.tracer.stamps import StampRing
+
+
+def stamp_ring_on_gpu(script: str) -> tuple[Any, StampRing] | None:
+    """The current CUDA stream and a stamp ring on it; None, after one line on stderr, without a CUDA GPU."""
+    if not torch.cuda.is_available():
+        print(f"{script}: error: needs a CUDA GPU", file=sys.stderr)
+        return None
+    dev = torch.device("cuda")
+    s = torch.cuda.current_stream(dev)
+    return s, StampRing(dev, s)
 
 
 def host_ns(fn: Callable[[], object], ring: StampRing, n: int = 5000) -> int:
@@ -33,18 +44,16 @@ def host_ns(fn: Callable[[], object], ring: StampRing, n: int = 5000) -> int:
 
 def main() -> int:
     """Print the host and GPU costs."""
-    if not torch.cuda.is_available():
-        print("stamp_cost: error: needs a CUDA GPU", file=sys.stderr)
+    got = stamp_ring_on_gpu("stamp_cost")
+    if got is None:
         return 2
-    dev = torch.device("cuda")
-    s = torch.cuda.current_stream(dev)
-    ring = StampRing(dev, s)
+    s, ring = got
     timing, plain = torch.cuda.Event(enable_timing=True), torch.cuda.Event()
     print("host ns: StampRing.stamp", host_ns(ring.stamp, ring), "launch only", host_ns(ring.launch, ring),
           "claim only", host_ns(lambda: ring.claim(1), ring))
     print("host ns: timing Event.record(stream)", host_ns(lambda: timing.record(s), ring),
           "plain Event.record(stream)", host_ns(lambda: plain.record(s), ring))
-    x = torch.randn(64, 64, device=dev)
+    x = torch.randn(64, 64, device="cuda")
     graphs = {}
     for stamped in (False, True):
         g = torch.cuda.CUDAGraph()
