@@ -65,7 +65,8 @@ class _Driver:
         # No argtypes: every argument is passed as a ready-made ctypes object (no per-call conversion). The launch
         # goes through PyDLL, which keeps the GIL: a CDLL call releases and retakes it, and a thread waiting for it
         # (the trace sender) would run in between, making the engine wait to get it back.
-        launch = ctypes.PyDLL("libcuda.so.1").cuLaunchKernel
+        py = ctypes.PyDLL("libcuda.so.1")
+        launch = py.cuLaunchKernel
         launch.restype = ctypes.c_int
         self.launch = launch
         # SPECSCOPE_STAMP_GIL=release launches through the CDLL (what sessions 6-9 did), to measure the GIL's part.
@@ -77,7 +78,7 @@ class _Driver:
         self.module, self.fn = module, fn
         # The drains' calls (DrainedRing): an async copy to pinned memory and an event after it, straight to the
         # driver. torch's copy, stream switch and Event cost tens of µs of Python per drain on the engine's thread.
-        py = ctypes.PyDLL("libcuda.so.1")  # non-blocking calls keep the GIL (see the launch above)
+        # Non-blocking calls keep the GIL (PyDLL, see the launch above).
         self.memcpy_dtoh = py.cuMemcpyDtoHAsync_v2
         self.memcpy_dtoh.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
         self.event_record = py.cuEventRecord
@@ -227,7 +228,7 @@ class StampRing(DrainedRing):
             head = (drv.fn, one, one, one, one, one, one, zero)
             launch = drv.launch_releasing if os.environ.get("SPECSCOPE_STAMP_GIL") == "release" else drv.launch
             self._launch = functools.partial(launch, *head)  # (stream, params, extra)
-            own = ctypes.c_void_p(stream.cuda_stream if stream is not None else 0)
+            own = ctypes.c_void_p(self.stream_handle)
             self._launch_own = functools.partial(launch, *head, own, self._params, None)  # on this ring's stream
             self._check = drv._check
 
