@@ -382,25 +382,37 @@ class Engine:
             recorder.wait([rec_v, rec_e], "plan", "compute", "producers")
 
         # Draft decode: N-1 steps (chain, topk=1), each through its own backend / graph; draft 1 came from the
-        # draft extend (or prefill) before.
+        # draft extend (or prefill) before. As SGLang's draft graph runner does (`init_forward_metadata_out_graph`
+        # runs `_apply` on every step backend, then the whole loop replays), every step's metadata is made first,
+        # in one "metadata" span of all the draft steps: none of it reads a draft output (positions and KV slots
+        # come from the verify window; each step's input_ids are copied in at its launch).
         tok = self.first_draft[rpi]
         drafts = [tok]
         draft_probs = [self.first_draft_probs[rpi]] if self.first_draft_probs is not None else []
+        steps, preps = [], []
         for i in range(self.num_draft_steps):
             fb = self._batch(self.draft, ForwardMode.DRAFT_DECODE, bs, rpi=rpi, rows=rpi, input_ids=tok,
                              positions=step_pos[i], seq_lens=seq_lens, seq_lens_cpu=s_cpu, q_lens=[1] * bs,
                              step_id=i, out_loc=step_loc[i])
+            steps.append((fb, *self.draft.begin(fb, self.iteration, self.K)))
+        if steps:
+            with self._span([rec for _, rec, _ in steps], "compute", "metadata", streams.compute), \
+                    nvtx("draft metadata", self.nvtx):
+                preps = [self.draft.prepare(fb, graph, rec) for fb, rec, graph in steps]
+        for i, ((fb, rec, _), prep) in enumerate(zip(steps, preps, strict=True)):
+            fb.input_ids = tok  # the draft-dependent input: the previous step's token
             with nvtx(f"draft step {i}", self.nvtx):
-                logits = self._forward(self.draft, fb, lambda: request_states(reqs, s, s, [1] * bs))
-            if plan_on and i == 0:
-                # Enqueue the verify metadata while the first draft step is in flight, so it runs under it.
-                plan("verify")
+                logits = self.draft.execute(prep, rec)
+            if rec is not None:
+                rec.requests = lambda: request_states(reqs, s, s, [1] * bs)
+                recorder.end_step(rec)
             tok, probs = self._sample(logits)
             drafts.append(tok)
             if probs is not None:
                 draft_probs.append(probs)
 
-        # Target verify.
+        # Target verify. Its metadata is planned once the whole draft loop is launched (SGLang plans it in `verify`,
+        # after `draft` returns), so on the plan stream it is made while the draft forwards run.
         plan("verify")
         pv = prepared["verify"]
         if streams.compute_wait_plan():

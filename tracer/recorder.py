@@ -231,6 +231,7 @@ class Recorder:
         self._next_index = 0
         self._pending: deque[StepRecord] = deque()
         self._open: list[StepRecord] = []  # begun, not ended (their order decides which step a crash marks)
+        self._ending: list[StepRecord] = []  # ended, not queued yet (`_settle`; still in `_open` until then)
         self._ring = PinnedRing(ring_int64) if self.is_cuda else None
         self._free_events: list[Any] = []
         self._failed: BaseException | None = None  # a sticky CUDA error: no device call may run any more
@@ -425,25 +426,33 @@ class Recorder:
                     r.faults_fired.append(f)
 
     def end_step(self, rec: StepRecord) -> None:
-        """Close the step; it is written once its device work completes."""
+        """Close the step; it is written once its device work completes. Only what must happen now happens here (its
+        end time, its number, the event after its host copies); queueing it waits for the next poll, off the launch
+        path (an engine ends steps right after its read-back, where the GPU waits for the next launch)."""
         rec.end_ns = time.perf_counter_ns()
         self._ended += 1
         self.assign_index(rec)
-        try:
-            self._open.remove(rec)
-        except ValueError:
-            pass  # ended before (a failure path ends its step early)
         if self.is_cuda and self._failed is None and (rec.floats or any(p.slot is not None for p in rec.packs)):
             ev = self._event()  # the host copies of this step's values land with it
             ev.record(torch.cuda.current_stream(self.device))
             rec.done_event = ev
-        # Keep the queue in index order (a step numbered at launch may end after a later-numbered one).
-        i = len(self._pending)
-        while i and self._pending[i - 1].index > rec.index:
-            i -= 1
-        self._pending.insert(i, rec)
+        self._ending.append(rec)
         # No poll here: resolving costs host time while launches are still being issued; the engine polls just
         # before it waits on the GPU (and a live viewer's pause flushes).
+
+    def _settle(self) -> None:
+        """Queue the steps ended since the last call, in index order (a step numbered at launch may end after a
+        later-numbered one)."""
+        for rec in self._ending:
+            try:
+                self._open.remove(rec)
+            except ValueError:
+                pass  # ended before (a failure path ends its step early)
+            i = len(self._pending)
+            while i and self._pending[i - 1].index > rec.index:
+                i -= 1
+            self._pending.insert(i, rec)
+        self._ending.clear()
 
     def _drain_ring(self, force: bool) -> None:
         ring = self.ring
@@ -469,6 +478,7 @@ class Recorder:
         writer as one message per pass."""
         if self._failed is not None:
             return
+        self._settle()
         if self._later:
             self.run_later()  # every poll: what the records read is rewritten when the next iteration prepares
         batch = self._resolve_batch
@@ -489,6 +499,7 @@ class Recorder:
 
     def _write_ready(self, limit: int | None = None) -> bool:
         """Resolve pending steps in order while they are complete (at most `limit`); False when one is not."""
+        self._settle()
         if self._later:
             self.run_later()  # a step is resolved only with its whole record (every poll, flush and close comes here)
         n = 0
@@ -598,6 +609,7 @@ class Recorder:
     def _write_after_failure(self, err: BaseException) -> None:
         """Write every step still held from host-side data only: the pending ones and those launched but not
         finished (a step begun but never launched ran nothing and is left out)."""
+        self._settle()
         launched = [r for r in self._open if r.index >= 0]
         recs = sorted(list(self._pending) + launched, key=lambda r: r.index)
         # Device objects must never be destroyed now: their destructors query the dead context and print C++
