@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The H200 runs a session makes, in parts that each fit one 10-minute device call. From the project root on the
-# GPU host:   bash scripts/gpu_batch.sh PART   (PART: tests | recheck | records | bench | overhead | switches | diag | ab | ab-each | final). Logs and results go to
+# GPU host:   bash scripts/gpu_batch.sh PART   (PART: see the usage line below). Logs and results go to
 # $OUT as one log file and one tarball (the device tool brings back at most 8 files). Run `tests` first on a fresh
 # machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
 # inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|final}
-case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|final" >&2; exit 2 ;; esac
+part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|s12|final}
+case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|s12|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|s12|final" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
@@ -150,6 +150,16 @@ case $part in
     step plan-stream 60 python benchmarks/plan_stream.py --out "$out/plan_stream.json"
     step floor-8b-64 90 python benchmarks/tracer_overhead.py --models llama3-8b --batch-sizes 64 --quick --rounds 9 \
       --no-profiler --ab-ablate floor --out "$out/floor_8b_64.json"
+    grep -E "^=== |bs +[0-9]+ +off|hidden" "$log"
+    ;;
+  s12)
+    # Session 12, on the draft loop that makes every step's metadata first: issue 12's table (every cell, with the
+    # profiler anchor), the two borderline 8B cells again with 15 rounds, and the plan-stream share (the verify plan
+    # now comes after the whole draft loop).
+    step overhead 210 python benchmarks/tracer_overhead.py --quick --rounds 9 --out "$out/tracer_overhead.json"
+    step overhead-8b-15 150 python benchmarks/tracer_overhead.py --models llama3-8b --batch-sizes 1,16 --quick \
+      --rounds 15 --no-profiler --out "$out/tracer_overhead_8b_15.json"
+    step plan-stream 60 python benchmarks/plan_stream.py --out "$out/plan_stream.json"
     grep -E "^=== |bs +[0-9]+ +off|hidden" "$log"
     ;;
   final)

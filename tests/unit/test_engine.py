@@ -114,3 +114,30 @@ def test_record_attention_samples_every_nth_step(tmp_path, every: int) -> None:
     assert sampled == {i for i in forwards if i % every == 0}
     assert len(sampled) >= 5
     assert list(check_steps(steps)) == []  # D1 / D2 agree on every sampled step
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_the_draft_loop_plans_every_step_first_and_verify_after_it(tmp_path, graphs: bool) -> None:
+    """As SGLang's draft runner: every draft step's metadata in one compute span before the first draft forward, the
+    forwards in step order after it, and the verify metadata planned once the last draft forward is launched."""
+    _, p, _ = run(tmp_path, "loop", batch_size=3, num_requests=4, max_new_tokens=12, spec_steps=3,
+                  cuda_graph=graphs, plan_stream=True)
+    steps = [s for s in steps_of(p) if s.iteration >= 0]
+    iterations = sorted({s.iteration for s in steps if s.mode == ForwardMode.DRAFT_DECODE})
+    assert len(iterations) >= 3
+    for it in iterations:
+        drafts = sorted((s for s in steps if s.iteration == it and s.mode == ForwardMode.DRAFT_DECODE),
+                        key=lambda s: s.step_id)
+        assert [s.step_id for s in drafts] == list(range(len(drafts))) and len(drafts) >= 2
+        span = {s.step_id: {(sp.stream, sp.name): sp for sp in s.spans} for s in drafts}
+        metas = {(span[i][("compute", "metadata")].start_ns, span[i][("compute", "metadata")].end_ns) for i in span}
+        assert len(metas) == 1, "the draft steps' metadata is one span of them all"
+        (_, meta_end), = metas
+        fwd = [span[i][("compute", "forward")] for i in range(len(drafts))]
+        assert meta_end <= fwd[0].start_ns
+        assert all(a.end_ns <= b.start_ns for a, b in zip(fwd, fwd[1:], strict=False))
+        assert [s.index for s in drafts] == sorted(s.index for s in drafts)  # numbered in launch order
+        verify, = (s for s in steps if s.iteration == it and s.mode == ForwardMode.TARGET_VERIFY)
+        plan_meta, = (sp for sp in verify.spans if (sp.stream, sp.name) == ("plan", "metadata"))
+        assert plan_meta.start_ns >= fwd[-1].start_ns  # CPU stamps are host times: launched after the last draft
+    assert list(check_steps(steps_of(p))) == []

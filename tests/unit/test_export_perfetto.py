@@ -241,3 +241,25 @@ def test_recorded_waits_become_flows(tmp_path_factory: pytest.TempPathFactory) -
     # plan waited on the compute producers; compute waited on the plan metadata: flows go both ways.
     tids = {(e["tid"] % 100) for e in starts}
     assert tids == {10, 20}
+
+
+def test_a_span_of_several_steps_is_one_slice_naming_them(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The draft loop's metadata span belongs to every draft step of the iteration: one slice, not one per step on
+    sub-tracks."""
+    from test_export_common import recorded
+
+    path = recorded(tmp_path_factory, "draft-loop", ["--verify-tokens", "4"])  # T = 4: two draft decode steps
+    with TraceReader(path) as r:
+        events = build_events(r)
+        drafts = [r.step(s.index, arrays=()) for s in r.iter_summaries() if s.mode == ForwardMode.DRAFT_DECODE.value
+                  and s.iteration >= 0]
+    assert_well_formed(events)
+    shared = [e for e in events if e["ph"] == "X" and e["name"] == "metadata" and "steps" in e["args"]]
+    by_iteration: dict[int, list[int]] = {}
+    for s in drafts:
+        by_iteration.setdefault(s.iteration, []).append(s.index)
+    assert len(by_iteration) >= 2 and all(len(v) == 2 for v in by_iteration.values())
+    assert sorted(sorted(e["args"]["steps"]) for e in shared) == sorted(sorted(v) for v in by_iteration.values())
+    tracks = {e["tid"] for e in events if e["ph"] == "X" and e["name"] == "metadata"
+              and e["args"].get("mode") == ForwardMode.DRAFT_DECODE.value}
+    assert len(tracks) == 1, "one span of several steps needs no sub-track"

@@ -272,3 +272,14 @@ def test_text_table_aligns_columns_and_marks_the_highlighted_row() -> None:
     assert hl.className == "hl" and hl.children == "  1  12345"
     plain = pages.text_table(["a"], [(1,)])
     assert plain.children == "a\n1\n"
+
+
+def test_a_span_several_steps_share_counts_once() -> None:
+    """The draft loop's metadata span is recorded on every draft step: the window's compute time counts it once."""
+    spans = [SpanRow(i, "draft", ForwardMode.DRAFT_DECODE, "compute", "metadata", 0, 40) for i in (4, 5, 6)]
+    spans += [SpanRow(i, "draft", ForwardMode.DRAFT_DECODE, "compute", "forward", 40 + 10 * k, 50 + 10 * k)
+              for k, i in enumerate((4, 5, 6))]
+    rows, gaps = models.step_streams(spans)
+    by = {r.step: r for r in rows}
+    assert (by[4].compute_ns, by[5].compute_ns, by[6].compute_ns) == (50, 10, 10)
+    assert models.stream_totals(rows, gaps)["compute_ns"] == 70 and not gaps

@@ -119,6 +119,7 @@ def build_events(reader: TraceReader, start: int = 0, stop: int | None = None) -
     counters: list[dict[str, Any]] = []
     instants: list[dict[str, Any]] = []
     iterations: dict[tuple[int, int], list[int]] = {}
+    shared: dict[tuple[int, str, str, int, int], _Slice] = {}  # by (pid, track, name, start, end)
     models: set[str] = set()
     steps = [s.index for s in reader.iter_summaries(start, stop)]
     viol_by_step: dict[int, list[Any]] = {}
@@ -135,8 +136,16 @@ def build_events(reader: TraceReader, start: int = 0, stop: int | None = None) -
             if sp.end_ns < sp.start_ns:
                 continue
             stream = sp.stream if sp.stream in STREAMS else "host"
-            sl = _Slice(pid, stream, sp.name, sp.start_ns, sp.end_ns, dict(args, span=sp.name, stream=sp.stream))
-            slices.append(sl)
+            key = (pid, stream, sp.name, sp.start_ns, sp.end_ns)
+            sl = shared.get(key)
+            if sl is not None:
+                # One span of several steps (the draft loop's metadata, made for every draft step at once): one
+                # slice, which names every step it belongs to.
+                sl.args.setdefault("steps", [sl.args["step"]]).append(step.index)
+            else:
+                sl = shared[key] = _Slice(pid, stream, sp.name, sp.start_ns, sp.end_ns,
+                                          dict(args, span=sp.name, stream=sp.stream))
+                slices.append(sl)
             by_key.setdefault((sp.stream, sp.name), sl)
             # The NVTX-named copy on the steps track: one per compute forward and per plan metadata span.
             if sp.name == "forward" or sp.stream == "plan":

@@ -133,7 +133,17 @@ def _overlap(a: int, b: int, union: list[tuple[int, int]]) -> int:
 def step_streams(spans: Sequence[SpanRow]) -> tuple[list[StepStreams], list[Gap]]:
     """Per-step plan/compute overlap and the compute-stream idle gaps, from the spans of a window of steps.
 
-    A plan span counts as hidden while any compute span (of any step) runs, since that is what hides it."""
+    A plan span counts as hidden while any compute span (of any step) runs, since that is what hides it. A span
+    several steps share (the producers of verify and draft extend, the draft loop's metadata) counts once, for the
+    first of them, so totals over the window count its time once."""
+    seen: set[tuple[str, str, str, int, int]] = set()
+    unique = []
+    for s in sorted(spans, key=lambda s: s.step):
+        key = (s.model, s.stream, s.name, s.start_ns, s.end_ns)
+        if key not in seen:
+            seen.add(key)
+            unique.append(s)
+    spans = unique
     compute = [s for s in spans if s.stream == "compute"]
     union = _union((s.start_ns, s.end_ns) for s in compute)
     by_step: dict[int, list[SpanRow]] = defaultdict(list)
