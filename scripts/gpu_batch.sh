@@ -5,8 +5,8 @@
 # machine: it JIT-compiles the tiny models' and the fused ops' kernels, which a benchmark would otherwise compile
 # inside its time limit.
 set -uo pipefail
-part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|s12|final}
-case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|s12|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|s12|final" >&2; exit 2 ;; esac
+part=${1:?usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|s12|s12b|final}
+case $part in tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|s12|s12b|final) ;; *) echo "usage: gpu_batch.sh tests|recheck|records|bench|overhead|switches|diag|ab|ab-each|floor|last|plan|s12|s12b|final" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
 work=/tmp/gpu-work-$part
 mkdir -p "$out" "$work"
@@ -161,6 +161,14 @@ case $part in
       --rounds 15 --no-profiler --out "$out/tracer_overhead_8b_15.json"
     step plan-stream 60 python benchmarks/plan_stream.py --out "$out/plan_stream.json"
     grep -E "^=== |bs +[0-9]+ +off|hidden" "$log"
+    ;;
+  s12b)
+    # Session 12's last call: the engine's speed on the draft loop that makes every step's metadata first (issue 12's
+    # engine targets), and the three 8B cells again with 25 rounds (the 15-round bs 16 cell spread 0.95-1.11).
+    step engine-speed 200 python benchmarks/engine_speed.py --quick --out-dir "$out"
+    step overhead-8b-25 240 python benchmarks/tracer_overhead.py --models llama3-8b --quick --rounds 25 \
+      --no-profiler --out "$out/tracer_overhead_8b_25.json"
+    grep -E "^=== |bs +[0-9]+ +off|busy|ms/it" "$log"
     ;;
   final)
     # Session 10's last call: issue 12's overhead table (every cell, with the profiler anchor), the A/B against the
