@@ -133,3 +133,33 @@ def test_sticky_device_error_writes_every_held_step_and_marks_the_one_it_hit(tmp
         assert steps[1].faults_fired == ("wild-page-id",)
         vs = list(check_steps(steps, r.run))
     assert [(v.check_id, v.step) for v in vs] == [("K1", 1)] and "fatal" in vs[0].message
+
+
+def test_a_step_ended_after_the_one_the_error_hit_is_not_marked(tmp_path) -> None:
+    """`end_step` queues its step at the next poll; a sticky error before that poll must still tell the ended step
+    (launched later, finished) from the launched-but-unfinished one the error hit."""
+    import torch
+    from specscope.tracer.process_writer import ProcessTraceWriter
+    from specscope.tracer.recorder import Recorder
+    from specscope.tracer.schema import ForwardMode, GraphPhase
+    from stepgen import make_run
+
+    path = str(tmp_path / "ended.db")
+    rec = Recorder(ProcessTraceWriter(path, make_run()), torch.device("cpu"))
+    kw = dict(model="draft", step_id=None, batch_size=1, padded_batch_size=1, graph=GraphPhase.EAGER,
+              tokens_per_request=4, num_draft_tokens=4, page_size=16)
+    hit = rec.begin_step(iteration=0, mode=ForwardMode.DRAFT_EXTEND, **kw)
+    rec.assign_index(hit)  # launched first, never finished
+    done = rec.begin_step(iteration=0, mode=ForwardMode.DRAFT_DECODE, **kw)
+    rec.assign_index(done)
+    rec.end_step(done)  # launched after it and ended; no poll since
+    msg = "CUDA error: an illegal memory access was encountered"
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        try:
+            raise RuntimeError(msg)
+        finally:
+            rec.close()
+    with TraceReader(path) as r:
+        steps = {s.index: s for s in r.steps()}
+    assert sorted(steps) == [0, 1]
+    assert [e.fatal for e in steps[0].errors] == [True] and steps[1].errors == ()
