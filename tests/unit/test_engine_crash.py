@@ -97,6 +97,15 @@ def test_killed_writer_child_ends_the_run_with_one_line(tmp_path) -> None:
     assert list(check_steps(steps)) == []
 
 
+def _close_failing(rec, msg: str) -> None:
+    """Close `rec` while a sticky CUDA error (`msg`, a RuntimeError) propagates, as the engine's `finally` does."""
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        try:
+            raise RuntimeError(msg)
+        finally:
+            rec.close()
+
+
 def test_sticky_device_error_writes_every_held_step_and_marks_the_one_it_hit(tmp_path) -> None:
     """The close path after a sticky CUDA error (its message is all that tells one apart), on the CPU: the
     pending step and the launched-but-unfinished step are written from host data, the latter with the error
@@ -119,11 +128,7 @@ def test_sticky_device_error_writes_every_held_step_and_marks_the_one_it_hit(tmp
     rec.begin_step(iteration=0, mode=ForwardMode.DRAFT_EXTEND, **kw)  # prepared, never launched
     rec.assign_index(hit)  # launched
     rec.fired(hit, ["wild-page-id"])
-    with pytest.raises(RuntimeError, match="illegal memory access"):
-        try:
-            raise RuntimeError(msg)
-        finally:
-            rec.close()
+    _close_failing(rec, msg)
     with TraceReader(path) as r:
         steps = list(r.steps())
         assert [(s.index, s.mode) for s in steps] == [(0, ForwardMode.DRAFT_DECODE), (1, ForwardMode.TARGET_VERIFY)]
@@ -153,12 +158,7 @@ def test_a_step_ended_after_the_one_the_error_hit_is_not_marked(tmp_path) -> Non
     done = rec.begin_step(iteration=0, mode=ForwardMode.DRAFT_DECODE, **kw)
     rec.assign_index(done)
     rec.end_step(done)  # launched after it and ended; no poll since
-    msg = "CUDA error: an illegal memory access was encountered"
-    with pytest.raises(RuntimeError, match="illegal memory access"):
-        try:
-            raise RuntimeError(msg)
-        finally:
-            rec.close()
+    _close_failing(rec, "CUDA error: an illegal memory access was encountered")
     with TraceReader(path) as r:
         steps = {s.index: s for s in r.steps()}
     assert sorted(steps) == [0, 1]
