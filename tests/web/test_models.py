@@ -279,7 +279,12 @@ def test_a_span_several_steps_share_counts_once() -> None:
     spans = [SpanRow(i, "draft", ForwardMode.DRAFT_DECODE, "compute", "metadata", 0, 40) for i in (4, 5, 6)]
     spans += [SpanRow(i, "draft", ForwardMode.DRAFT_DECODE, "compute", "forward", 40 + 10 * k, 50 + 10 * k)
               for k, i in enumerate((4, 5, 6))]
+    # The producers span of an iteration is on its verify (target) and its draft extend (draft) step.
+    spans += [SpanRow(7, "target", ForwardMode.TARGET_VERIFY, "compute", "producers", 100, 120),
+              SpanRow(8, "draft", ForwardMode.DRAFT_EXTEND, "compute", "producers", 100, 120)]
     rows, gaps = models.step_streams(spans)
     by = {r.step: r for r in rows}
     assert (by[4].compute_ns, by[5].compute_ns, by[6].compute_ns) == (50, 10, 10)
-    assert models.stream_totals(rows, gaps)["compute_ns"] == 70 and not gaps
+    assert (by[7].compute_ns, by[8].compute_ns) == (20, 0)
+    tot = models.stream_totals(rows, gaps)
+    assert tot["compute_ns"] == 90 and tot["idle_ns"] == 30 and len(gaps) == 1

@@ -136,10 +136,11 @@ def step_streams(spans: Sequence[SpanRow]) -> tuple[list[StepStreams], list[Gap]
     A plan span counts as hidden while any compute span (of any step) runs, since that is what hides it. A span
     several steps share (the producers of verify and draft extend, the draft loop's metadata) counts once, for the
     first of them, so totals over the window count its time once."""
-    seen: set[tuple[str, str, str, int, int]] = set()
+    seen: set[tuple[str, str, int, int]] = set()  # the models share the GPU streams: the model is not in the key
+    steps = sorted({s.step for s in spans})  # every step keeps its row, even with all its spans counted elsewhere
     unique = []
     for s in sorted(spans, key=lambda s: s.step):
-        key = (s.model, s.stream, s.name, s.start_ns, s.end_ns)
+        key = (s.stream, s.name, s.start_ns, s.end_ns)
         if key not in seen:
             seen.add(key)
             unique.append(s)
@@ -160,7 +161,7 @@ def step_streams(spans: Sequence[SpanRow]) -> tuple[list[StepStreams], list[Gap]
         if end is None or s.end_ns > end:
             end, end_step = s.end_ns, s.step
     rows = []
-    for step in sorted(by_step):
+    for step in steps:
         plan = [(s.start_ns, s.end_ns) for s in by_step[step] if s.stream == "plan"]
         comp = _union((s.start_ns, s.end_ns) for s in by_step[step] if s.stream == "compute")
         rows.append(StepStreams(
