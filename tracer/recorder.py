@@ -498,8 +498,8 @@ class Recorder:
             ring.drain()
 
     def _write_ready(self, limit: int | None = None) -> bool:
-        """Resolve pending steps in order while they are complete (at most `limit`); False when one is not."""
-        self._settle()
+        """Resolve pending steps in order while they are complete (at most `limit`); False when one is not. The
+        callers (`poll`, `_drain_oldest`) have queued the steps ended before it."""
         if self._later:
             self.run_later()  # a step is resolved only with its whole record (every poll, flush and close comes here)
         n = 0
@@ -564,6 +564,8 @@ class Recorder:
         return self._free_events.pop() if self._free_events else torch.cuda.Event()
 
     def _drain_oldest(self) -> None:
+        """The pinned ring is full: wait for the oldest pending step and write it (and what is ready after it)."""
+        self._settle()  # its slots may belong to a step ended since the last poll
         rec = self._pending[0]
         if rec.done_event is not None:
             rec.done_event.synchronize()

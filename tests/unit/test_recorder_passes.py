@@ -60,3 +60,15 @@ def test_batch_size_one_resolves_at_every_poll(tmp_path, monkeypatch: pytest.Mon
         rec.poll()
         assert _written(rec, path) == i + 1
     rec.close()
+
+
+def test_a_full_pinned_ring_writes_a_step_ended_since_the_last_poll(tmp_path) -> None:
+    """When the pinned ring needs the slots of the oldest step (`_drain_oldest`), a step ended but not yet queued
+    (end_step queues at the next poll) is that step: it is written, not missed."""
+    path = str(tmp_path / "full.db")
+    rec = Recorder(ProcessTraceWriter(path, make_run()), torch.device("cpu"))
+    _step(rec, 0)  # ended, no poll since
+    rec._drain_oldest()  # what PinnedRing.take calls when the slot it needs is still held
+    rec.close()
+    with TraceReader(path) as r:
+        assert [s.index for s in r.steps()] == [0]
