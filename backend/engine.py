@@ -219,10 +219,15 @@ class Engine:
         with self._span(rec, "compute", "metadata", compute):
             prep = runner.prepare(fb, graph, rec)
         logits = runner.execute(prep, rec, logits_indices)  # its span "forward" is timed inside
-        if rec is not None:
-            rec.requests = states  # made when the step is resolved: what it reads does not change any more
-            self.recorder.end_step(rec)
+        self._end(rec, states)
         return logits
+
+    def _end(self, rec: Any, states: Callable[[], list[Any]]) -> None:
+        """Close a recorded step (None: untraced); `states` makes its request rows when the step is resolved, under
+        later GPU work: nothing they read changes any more."""
+        if rec is not None:
+            rec.requests = states
+            self.recorder.end_step(rec)
 
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Next tokens int64 `[n]` (argmax, or sampled at temperature) and their probabilities float32 `[n, V]`
@@ -403,9 +408,7 @@ class Engine:
             fb.input_ids = tok  # the draft-dependent input: the previous step's token
             with nvtx(f"draft step {i}", self.nvtx):
                 logits = self.draft.execute(prep, rec)
-            if rec is not None:
-                rec.requests = lambda: request_states(reqs, s, s, [1] * bs)
-                recorder.end_step(rec)
+            self._end(rec, lambda: request_states(reqs, s, s, [1] * bs))
             tok, probs = self._sample(logits)
             drafts.append(tok)
             if probs is not None:
@@ -460,20 +463,15 @@ class Engine:
         for r, acc in zip(reqs, accepted, strict=True):
             r.commit(acc, self.iteration)
         s_after = [x + len(a) for x, a in zip(s, accepted, strict=True)]
-        if rec_v is not None:
-            # Made when the step is resolved (under the next iteration's GPU work): nothing they read changes.
-            rec_v.requests = lambda: request_states(reqs, s, s_after, [T] * bs,
-                                                    [host[b * N:(b + 1) * N] for b in range(bs)], accepted)
-            self.recorder.end_step(rec_v)
+        self._end(rec_v, lambda: request_states(reqs, s, s_after, [T] * bs,
+                                                [host[b * N:(b + 1) * N] for b in range(bs)], accepted))
         lens = host[a0:a0 + bs]
         self.stats.verify_rows += bs
         self.stats.accepted_total += sum(lens)
         by_pos = self.stats.accepted_by_position
         for j in range(T - 1):  # draft position j was accepted in every row that kept more than j + 1 tokens
             by_pos[j] += sum(1 for n in lens if n > j + 1)
-        if rec_e is not None:
-            rec_e.requests = lambda: request_states(reqs, s, [x + T for x in s], [T] * bs)
-            self.recorder.end_step(rec_e)
+        self._end(rec_e, lambda: request_states(reqs, s, [x + T for x in s], [T] * bs))
 
         # Commit: rejected draft slots past the new length go back to the allocator.
         for r, n in zip(reqs, s_after, strict=True):
