@@ -14,6 +14,7 @@ import itertools
 import json
 import operator
 import struct
+import threading
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -166,7 +167,6 @@ REQUEST_JSON_FIELDS = tuple(n for n in REQUEST_FIELDS if n not in REQUEST_INT_FI
 # The rows of `step_requests.data` (an int array [5, n]; the batch row is the column), RequestState int fields.
 STEP_REQUEST_FIELDS = ("slot", "seq_len_before", "seq_len_after", "num_q_tokens", "accept_length")
 _REQ_DATA_LEVEL = -1  # ~2x faster than level 1 on these ~1.3 KB for ~100 more bytes
-_req_zc = zstandard.ZstdCompressor(level=_REQ_DATA_LEVEL)
 ARRAY_FIELDS = ("name", "dtype", "shape", "data_ptr", "ref")
 SPAN_FIELDS = tuple(f.name for f in dataclasses.fields(StreamSpan))
 WAIT_FIELDS = tuple(f.name for f in dataclasses.fields(StreamWait))
@@ -182,6 +182,22 @@ _I_DATA = [REQUEST_INT_FIELDS.index(f) for f in STEP_REQUEST_FIELDS]
 _I_ACCEPT = REQUEST_INT_FIELDS.index("accept_length")
 _I_QLEN = REQUEST_INT_FIELDS.index("num_q_tokens")
 _I_DRAFT_LEN = len(REQUEST_INT_FIELDS) + REQUEST_TUPLE_FIELDS.index("draft_tokens")
+
+
+class _ThreadZstd(threading.local):
+    """The dictionary-less zstd contexts of one thread."""
+
+    # python-zstandard's compressors and decompressors keep one native context that two threads must not use
+    # at once (it lets go of the GIL while it works): a context shared by the process let two readers on two threads
+    # corrupt each other's output ("Data corruption detected" on a valid trace). Each thread makes its own on
+    # first use; a context is cheap to keep and costly to make per call.
+
+    def __init__(self) -> None:
+        self.plain = zstandard.ZstdDecompressor()
+        self.request_compressor = zstandard.ZstdCompressor(level=_REQ_DATA_LEVEL)
+
+
+_zstd = _ThreadZstd()
 
 
 def meta_rows() -> list[tuple[str, str]]:
@@ -414,7 +430,7 @@ def encode_columns(c: StepColumns, blob_ref: Callable[[str, np.ndarray], str]) -
         ids = rid.tolist()
         # Raw little-endian ids, so SQLite's instr() finds a request's steps without decoding anything.
         raw_ids = rid.astype("<i4" if table.dtype == np.int32 else "<i8").tobytes()
-        data = _req_zc.compress(codec.encode(table[_I_DATA], compress=False))
+        data = _zstd.request_compressor.compress(codec.encode(table[_I_DATA], compress=False))
         req_row = (idx, n, 4 if table.dtype == np.int32 else 8, raw_ids, data)
     span_rows = [(idx, k, str(s[0]), str(s[1]), int(s[2]), int(s[3])) for k, s in enumerate(c.spans)]
     max_span = max((r[5] - r[4] for r in span_rows), default=0)
@@ -459,11 +475,8 @@ def compress_body(container: bytes) -> bytes:
     return BodyCompressor().compress(container)
 
 
-# Decompressors by dictionary id, shared by the readers of one process (dictionary ids are random 32-bit
-# numbers trained per trace, so a collision across traces needs the same bytes to be wrong; the reader
-# keys its own cache by trace anyway).
+# A dictionary's decompressor comes from the reader (one per trace, used under the reader's lock).
 DictLoader = Callable[[int], "zstandard.ZstdDecompressor"]
-_PLAIN = zstandard.ZstdDecompressor()
 MAX_BODY_BYTES = 1 << 30
 
 
@@ -473,7 +486,7 @@ def decompress_body(data: bytes, dicts: DictLoader | None) -> bytes:
         params = zstandard.get_frame_parameters(data)
         if params.content_size > MAX_BODY_BYTES:
             raise ValueError("step body claims an impossible size")
-        d = _PLAIN
+        d = _zstd.plain
         if params.dict_id:
             if dicts is None:
                 raise ValueError(f"step body needs dictionary {params.dict_id}")
@@ -598,7 +611,7 @@ def step_from_row(
 
 def decode_request_data(data: bytes, n: int) -> np.ndarray:
     """The [5, n] int array of a `step_requests.data` value (rows: STEP_REQUEST_FIELDS)."""
-    arr = codec.decode(_PLAIN.decompress(data, max_output_size=MAX_BODY_BYTES))
+    arr = codec.decode(_zstd.plain.decompress(data, max_output_size=MAX_BODY_BYTES))
     if arr.shape != (len(STEP_REQUEST_FIELDS), n):
         raise ValueError("step_requests data does not match its request count")
     return arr
