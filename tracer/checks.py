@@ -652,6 +652,11 @@ class _Acceptance:
         self.stretch_token: list[int] = []  # ... where every draft token was one token
         self.token: int | None = None
 
+    def gap(self) -> None:
+        """Steps are missing before the next one: forget what needs the step before it."""
+        self.committed.clear()
+        self.stretch_bonus, self.stretch_token, self.token = [], [], None
+
     def check(self, c: _Ctx) -> None:
         s = c.step
         if s.iteration < 0:
@@ -743,6 +748,7 @@ class Checker:
         self._graphs = _GraphState()
         self._pages = _PageBuffers()
         self._accept = _Acceptance(None if temp is None else float(temp) <= 0)
+        self._last: int | None = None  # index of the step fed last
 
     @classmethod
     def for_trace(cls, reader: TraceReader) -> Checker:
@@ -750,7 +756,16 @@ class Checker:
         return cls(reader.run, waits_recorded=reader.waits_recorded())
 
     def feed(self, step: Step) -> list[Violation]:
-        """Every violation of `step` (a step whose arrays cannot be checked is an I2 violation, never a crash)."""
+        """Every violation of `step` (a step whose arrays cannot be checked is an I2 violation, never a crash).
+
+        Steps whose indexes skip (a bundle keeps the original run's numbers, with the captures it adds before its
+        range) leave a gap: what the steps in it committed is unknown, so the relations between consecutive steps
+        (I32's committed lengths, I35's stretches) start afresh after it. Captures stay (I15 / I16 compare a replay
+        with its capture wherever it is), and so do the graph buffers (I19 fires only on a page the step's own
+        req_to_token contradicts)."""
+        if self._last is not None and step.index > self._last + 1:
+            self._accept.gap()
+        self._last = step.index
         c = _Ctx(step)
         rows_ok = True
         if step.arrays:

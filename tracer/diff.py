@@ -1,6 +1,7 @@
 """First divergence of two traces of the same workload (e.g. a fault run against its clean run). Torch-free.
 
-Steps are paired in index order. A pair differs in its header (mode, model, draft step, bs, padded bs, graph, T,
+Steps are paired by index (a bundle keeps the original run's indexes, so a bundle pairs with the trace it was cut
+from; steps only one side holds are left out). A pair differs in its header (mode, model, draft step, bs, padded bs, graph, T,
 K), its scalars (max_seq_len_q, kernel_q_len, ...), its metadata arrays (values, not device addresses), or its
 requests (ids, seq lens, draft tokens, accepted tokens, accept length). The report names the first diverging
 step, the first diverging forward that is not a graph capture, what differs there, and the acceptance of each
@@ -180,10 +181,10 @@ def _outputs(ra: TraceReader, rb: TraceReader) -> dict[str, Any]:
 
 def diff_traces(ra: TraceReader, rb: TraceReader, max_steps: int | None = None) -> DiffReport:
     """Walk both traces in step order up to the first diverging forward (or where their structure parts)."""
-    rep = DiffReport(a=ra.path, b=rb.path, a_faults=list(ra.run.config.get("faults") or []),
+    rep = DiffReport(a=ra.display_path, b=rb.display_path, a_faults=list(ra.run.config.get("faults") or []),
                      b_faults=list(rb.run.config.get("faults") or []), steps_compared=0,
                      a_steps=ra.num_steps(), b_steps=rb.num_steps())
-    for n, (sa, sb) in enumerate(zip(ra.iter_summaries(), rb.iter_summaries(), strict=False)):
+    for n, (sa, sb) in enumerate(_pairs(ra, rb)):
         if max_steps is not None and n >= max_steps:
             break
         rep.steps_compared = n + 1
@@ -205,6 +206,20 @@ def diff_traces(ra: TraceReader, rb: TraceReader, max_steps: int | None = None) 
     rep.outputs = _outputs(ra, rb)
     rep.headline = headline(rep)
     return rep
+
+
+def _pairs(ra: TraceReader, rb: TraceReader) -> Iterable[tuple[Any, Any]]:
+    """The summaries of the indexes both traces hold, in index order (a merge of two ascending walks)."""
+    ia, ib = ra.iter_summaries(), rb.iter_summaries()
+    sa, sb = next(ia, None), next(ib, None)
+    while sa is not None and sb is not None:
+        if sa.index == sb.index:
+            yield sa, sb
+            sa, sb = next(ia, None), next(ib, None)
+        elif sa.index < sb.index:
+            sa = next(ia, None)
+        else:
+            sb = next(ib, None)
 
 
 def _labels(rep: DiffReport) -> tuple[str, str, str]:
@@ -290,6 +305,8 @@ def differing_pairs(ra: TraceReader, rb: TraceReader, indexes: Iterable[int]) ->
     """For a dashboard: the differences of the steps with these indexes in both traces (paired by index)."""
     out = {}
     for i in indexes:
+        if not (ra.has_step(i) and rb.has_step(i)):
+            continue  # one side does not hold it (a bundle's gap)
         d = compare_steps(ra.step(i, arrays=METADATA_ARRAYS), rb.step(i, arrays=METADATA_ARRAYS))
         if d:
             out[i] = d

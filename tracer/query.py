@@ -8,9 +8,10 @@ This module defines the contract the TUI, the dashboard and the exports build on
 
 from __future__ import annotations
 
+import bisect
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +115,9 @@ class QueryMixin:
     # Provided by TraceReader.
     def num_steps(self) -> int: ...  # type: ignore[empty-body]
     def step(self, i: int, arrays: Iterable[str] | None = None) -> Step: ...  # type: ignore[empty-body]
+    def is_dense(self) -> bool: ...  # type: ignore[empty-body]
+    def step_indexes(self, start: int = 0, stop: int | None = None) -> list[int]: ...  # type: ignore[empty-body]
+    def steps_text(self) -> str: ...  # type: ignore[empty-body]
 
     # -- summaries and searches ------------------------------------------------------------------
 
@@ -154,6 +158,9 @@ class QueryMixin:
         # `prev` in a condition is the step just before in the trace, whatever the walk direction; `pk` the last
         # step of the same model and mode before it. A forward walk over every step knows both, except for the
         # first rows of the walk (and of each kind), which are looked up.
+        # A trace whose indexes skip (a bundle: its steps keep the original run's numbers) knows nothing of the
+        # steps in a gap, so neither is taken from across one: `prev` is the step at index - 1 or none (a condition
+        # on it is then false, as at the first step), and `pk` only counts with no step missing in between.
         kind = (s.model, s.mode.value)
         p = prev if not look_up and prev is not None and prev.index == s.index - 1 else None
         if p is None and s.index > 0:
@@ -162,7 +169,15 @@ class QueryMixin:
         if pk is None and s.index > 0:
             f = StepFilter(mode=s.mode.value, model=s.model)
             pk = next(iter(self._q_summary_rows(0, s.index, f, backward=True)), None)
+        if pk is not None and not self._q_contiguous(pk.index, s.index):
+            pk = None
         return p, pk
+
+    def _q_contiguous(self, a: int, b: int) -> bool:
+        # Every index a..b is present: free for a dense trace (every recorded one), one count query otherwise.
+        if self.is_dense():
+            return True
+        return len(self.step_indexes(a, b + 1)) == b - a + 1
 
     def summary(self, i: int) -> StepSummary:
         """The summary row of step `i` (TraceIndexError when absent)."""
@@ -170,7 +185,7 @@ class QueryMixin:
         if not rows:
             from .errors import TraceIndexError
 
-            raise TraceIndexError(f"has no step {i} ({self.num_steps()} steps)", getattr(self, "path", None))
+            raise TraceIndexError(f"has no step {i} ({self.steps_text()})", getattr(self, "display_path", None))
         return rows[0]
 
     def find_steps(
@@ -256,6 +271,142 @@ class QueryMixin:
         raise NotImplementedError
 
 
+def index_runs(indexes: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending indexes as runs of consecutive ones, (first, last) inclusive: [2, 5, 6, 7] -> [(2, 2), (5, 7)]."""
+    runs: list[tuple[int, int]] = []
+    for i in indexes:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
+
+
+def index_runs_text(indexes: Sequence[int], max_runs: int = 8) -> str:
+    """`2, 5, 30–59` for a message (the first `max_runs` runs, then `…`); `none` when empty."""
+    runs = index_runs(indexes)
+    parts = [str(a) if a == b else f"{a}–{b}" for a, b in runs[:max_runs]]
+    return ", ".join(parts) + (", …" if len(runs) > max_runs else "") if parts else "none"
+
+
+class StepIndex:
+    """Positions 0..n-1 of a trace's steps <-> their indexes, for viewers that lay steps out in rows.
+
+    A recorded trace is dense (index == position) and costs nothing here; a bundle keeps the original run's
+    indexes (its range, plus the captures it adds before it), so it skips. `refresh` follows a growing trace
+    (indexes only grow). Lookups never query: they read the list `refresh` keeps."""
+
+    def __init__(self, reader: QueryMixin) -> None:
+        self.reader = reader
+        self._n = 0
+        self._idx: list[int] | None = None  # None while dense: position p is index p
+        self.refresh()
+
+    def refresh(self) -> int:
+        """Count the steps committed since the last call; returns how many there are now."""
+        n = self.reader.num_steps()
+        if n == self._n:
+            return n
+        if self._idx is None and self.reader.is_dense():
+            self._n = n
+            return n
+        if self._idx is None:
+            self._idx = self.reader.step_indexes()
+        else:
+            self._idx.extend(self.reader.step_indexes(self._idx[-1] + 1 if self._idx else 0))
+        self._n = len(self._idx)
+        return self._n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def dense(self) -> bool:
+        """True when index == position for every step."""
+        return self._idx is None
+
+    def at(self, pos: int) -> int:
+        """The index of the step at position `pos` (IndexError outside 0..n-1)."""
+        if not 0 <= pos < self._n:
+            raise IndexError(f"position {pos} outside 0..{self._n - 1}")
+        return pos if self._idx is None else self._idx[pos]
+
+    def position(self, index: int) -> int | None:
+        """The position of the step with this index (None when the trace does not hold it)."""
+        if self._idx is None:
+            return index if 0 <= index < self._n else None
+        k = bisect.bisect_left(self._idx, index, 0, self._n)
+        return k if k < self._n and self._idx[k] == index else None
+
+    def nearest(self, index: int) -> int:
+        """The position of the held step nearest to `index` (the later one on a tie; 0 without steps)."""
+        if self._n == 0:
+            return 0
+        if self._idx is None:
+            return max(0, min(self._n - 1, index))
+        k = bisect.bisect_left(self._idx, index, 0, self._n)
+        if k >= self._n:
+            return self._n - 1
+        if k > 0 and index - self._idx[k - 1] < self._idx[k] - index:
+            return k - 1
+        return k
+
+    def first_at_or_after(self, index: int) -> int:
+        """The position of the first step with index >= `index` (n when there is none)."""
+        if self._idx is None:
+            return max(0, min(self._n, index))
+        return bisect.bisect_left(self._idx, index, 0, self._n)
+
+    def snap(self, index: int) -> int:
+        """`index` when held, else the index of the nearest held step."""
+        return self.at(self.nearest(index))
+
+    def offset(self, index: int, k: int) -> int:
+        """The index of the step `k` positions after (k < 0: before) the step at `index`, clamped to the trace."""
+        p = self.nearest(index)
+        return self.at(max(0, min(self._n - 1, p + k)))
+
+    def first(self) -> int | None:
+        """The lowest index (None without steps)."""
+        return self.at(0) if self._n else None
+
+    def last(self) -> int | None:
+        """The highest index (None without steps)."""
+        return self.at(self._n - 1) if self._n else None
+
+    def between(self, start: int, stop: int) -> list[int]:
+        """The held indexes with start <= index < stop."""
+        if self._idx is None:
+            return list(range(max(0, start), min(stop, self._n)))
+        a = bisect.bisect_left(self._idx, start, 0, self._n)
+        b = bisect.bisect_left(self._idx, stop, 0, self._n)
+        return self._idx[a:b]
+
+    def run_of(self, index: int) -> tuple[int, int]:
+        """The (first, last) indexes of the run of consecutive held indexes around `index` (a held one)."""
+        if self._idx is None:
+            return 0, self._n - 1
+        idx, p = self._idx, self.nearest(index)
+        d = idx[p] - p  # index - position never falls, and stays the same along a run: bisect on it
+        lo, hi = 0, p
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if idx[mid] - mid < d else (lo, mid)
+        a, lo, hi = lo, p, self._n - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if idx[mid] - mid == d else (lo, mid - 1)
+        return idx[a], idx[lo]
+
+    def text(self) -> str:
+        """`steps 0–172`, or for a trace that skips `steps 2, 5, 30–59` (for messages)."""
+        if self._n == 0:
+            return "no steps"
+        if self._idx is None:
+            return f"steps 0–{self._n - 1}"
+        return "steps " + index_runs_text(self._idx[: self._n])
+
+
 def _parse(text: str) -> Condition:
     from .condition import parse_condition
 
@@ -267,4 +418,4 @@ def severity_of(name: str) -> Severity:
     return Severity(name)
 
 
-__all__ = ["QueryMixin", "StepFilter", "summary_fields", "replace"]
+__all__ = ["QueryMixin", "StepFilter", "StepIndex", "index_runs", "index_runs_text", "summary_fields", "replace"]

@@ -197,14 +197,14 @@ class TraceReader(QueryMixin):
             with self._lock:
                 yield
         except TraceError as e:
-            raise e.with_path(self.path) from None
+            raise e.with_path(self.display_path) from None
         except _DAMAGE as e:
             detail = " ".join(str(e).split())[:200]
             if isinstance(e, sqlite3.Error):
                 problem = f"damaged or unreadable while {what} (SQLite: {detail})"
             else:
                 problem = f"damaged while {what} ({type(e).__name__}: {detail})"
-            raise TraceError(problem, self.path) from None
+            raise TraceError(problem, self.display_path) from None
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -218,6 +218,44 @@ class TraceReader(QueryMixin):
             if more:
                 self._count = (n + int(more), int(top))
             return self._count[0]
+
+    def last_index(self) -> int | None:
+        """The highest step index committed right now (None without steps). A recorded trace holds 0..last; a
+        bundle keeps the original run's indexes, so its steps can start later and skip (`step_indexes`)."""
+        n = self.num_steps()
+        return self._count[1] if n else None
+
+    def is_dense(self) -> bool:
+        """True when the steps are exactly 0..num_steps()-1 (every recorded trace): index == position."""
+        n = self.num_steps()
+        return n == 0 or self._count[1] == n - 1
+
+    def step_indexes(self, start: int = 0, stop: int | None = None) -> list[int]:
+        """The indexes of the steps with start <= index < stop, ascending (the primary key: no body is read)."""
+        hi = (2**63 - 1) if stop is None else int(stop)
+        with self._guard("listing step indexes"):
+            rows = self._conn.execute("SELECT idx FROM steps WHERE idx >= ? AND idx < ? ORDER BY idx",
+                                      (int(start), hi)).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def has_step(self, i: int) -> bool:
+        """Whether the trace holds a step with index `i`."""
+        with self._guard(f"looking up step {i}"):
+            return self._conn.execute("SELECT 1 FROM steps WHERE idx = ?", (int(i),)).fetchone() is not None
+
+    def steps_text(self) -> str:
+        """The step indexes the trace holds, for messages: `steps 0–172`, or a bundle's `steps 2, 5, 30–59`."""
+        if self.is_dense():
+            n = self.num_steps()
+            return f"steps 0–{n - 1}" if n else "no steps"
+        from .query import index_runs_text
+
+        return "steps " + index_runs_text(self.step_indexes())
+
+    @property
+    def display_path(self) -> str:
+        """The file the user named: a bundle's .zip (not its private trace.db copy), else the trace."""
+        return self.bundle_path if self.bundle_path is not None else self.path
 
     def meta(self) -> dict[str, str]:
         """The `meta` table (magic, schema_version, created_ns, closed_ns, checked_through, upgraded_from, ...)."""
@@ -244,7 +282,7 @@ class TraceReader(QueryMixin):
         with self._guard(f"reading step {i}"):
             rows = self._fetch_steps("s.idx = ?", (i,))
             if not rows:
-                raise TraceIndexError(f"has no step {i} ({self.num_steps()} steps)", self.path)
+                raise TraceIndexError(f"has no step {i} ({self.steps_text()})", self.display_path)
             return self._assemble(rows, keep)[0]
 
     def steps(self, start: int = 0, stop: int | None = None) -> Iterator[Step]:

@@ -41,8 +41,12 @@ def summarize(reader: TraceReader, *, decode: Decoder | None = None, tokenizer: 
     texts = [_request_text(r.prompt_tokens, r.output_tokens, decode) for r in reqs]
     out_chars = sum(len(t["output_text"]) for t in texts if t["output_text"] is not None)
     out_ws = sum(t["_ws"] for t in texts)
+    from .export.bundle import bundle_summary
+
+    bundle = bundle_summary(reader)
     return {
-        "path": reader.path,
+        "path": reader.display_path,
+        **({"bundle": bundle} if bundle is not None else {}),
         "schema_version": reader.schema_version,
         "is_closed": reader.is_closed(),
         "run": run.to_dict(),
@@ -156,6 +160,10 @@ def format_summary(d: dict[str, Any]) -> str:
     run = d["run"]
     state = "closed" if d["is_closed"] else "live or unclosed"
     out = [f"trace    {d['path']}  (schema {d['schema_version']}, {state})"]
+    if d.get("bundle"):
+        from .export.bundle import bundle_summary_line
+
+        out.append(f"         {bundle_summary_line(d['bundle'])}")
     out.append(f"command  {run['command']}")
     out.append(f"models   target={run['target_model']}  draft={run['draft_model'] or '-'}")
     cap = f" (sm {run['device_capability']})" if run.get("device_capability") else ""

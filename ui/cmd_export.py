@@ -32,7 +32,7 @@ def _fail(msg: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Write the requested exports; print one line per file."""
-    from specscope.tracer.export.bundle import open_trace_or_bundle, quote_command, write_bundle
+    from specscope.tracer.export.bundle import quote_command, write_bundle
     from specscope.tracer.export.perfetto import write_perfetto
     from specscope.tracer.export.steps import parse_steps
     from specscope.tracer.store import TraceReader
@@ -52,12 +52,12 @@ def run(args: argparse.Namespace) -> int:
         start, stop = parse_steps(args.steps)
     except ValueError as e:
         return _fail(str(e))
-    with open_trace_or_bundle(args.trace) as path, TraceReader(path) as reader:
+    # The reader opens a bundle itself (its trace.db, under the step numbers of the original trace), and knows
+    # the .zip's name for the files it writes.
+    with TraceReader(args.trace) as reader:
         selected = reader.summaries(start, stop)
         if not selected:
-            known = [s.index for s in reader.iter_summaries()]
-            span = f"steps {known[0]}..{known[-1]}" if known else "no steps"
-            return _fail(f"{args.trace}: no steps in --steps {args.steps} (it has {span})")
+            return _fail(f"{args.trace}: no steps in --steps {args.steps} (it has {reader.steps_text()})")
         if args.perfetto:
             n = write_perfetto(reader, args.perfetto, start, stop)
             print(f"{args.perfetto}: {n} trace events, {len(selected)} steps "

@@ -75,13 +75,13 @@ def test_bundle_round_trip(fault: str, tmp_path: Path, capsys: pytest.CaptureFix
     assert len(check["original_violations"]) == len(original)
     assert "specscope check report.zip" in readme and "specscope replay report.zip --step" in readme
     assert command in readme
-    # The bundled trace: same steps (original indexes), opens in every command.
+    # The bundled trace: the same steps under their original indexes, opens in every command.
     with open_trace_or_bundle(out) as db, TraceReader(db) as r:
-        assert [s.index for s in r.iter_summaries()] == list(range(len(want)))  # dense, as the schema wants
+        assert [s.index for s in r.iter_summaries()] == want  # sparse: the range and the captures before it
         assert r.num_steps() == len(want)
         with TraceReader(fault) as orig:
-            for i, o in enumerate(want):
-                a_, b_ = r.step(i), orig.step(o)
+            for o in want:
+                a_, b_ = r.step(o), orig.step(o)
                 assert (a_.mode, a_.graph, a_.batch_size, a_.requests) == (b_.mode, b_.graph, b_.batch_size,
                                                                             b_.requests)
                 assert without_kv(a_) == without_kv(b_)  # the KV pages travel delta-coded (test below)
@@ -98,7 +98,7 @@ def test_bundle_round_trip(fault: str, tmp_path: Path, capsys: pytest.CaptureFix
         assert "TARGET_VERIFY" in capsys.readouterr().out
         assert main(["check", db]) == 1
         assert "I6" in capsys.readouterr().out
-    assert main(["replay", str(out), "--step", str(want.index(v[1]))]) == 1  # the faulted verify, from the zip
+    assert main(["replay", str(out), "--step", str(v[1])]) == 1  # the faulted verify, from the zip
     text = capsys.readouterr().out
     assert "kernel-vs-truth" in text and f"step {v[1]} of {Path(fault).name}" in text
     assert main(["export", str(out), "--perfetto", str(tmp_path / "p.json")]) == 0
@@ -213,7 +213,7 @@ def test_bundled_kv_is_delta_coded_and_lossless(which: str, request: pytest.Fixt
         kv_delta._cache.clear()
         deltas = 0
         with TraceReader(out) as b, TraceReader(src) as orig:
-            pairs = list(enumerate(manifest["original_steps"]))
+            pairs = [(i, i) for i in manifest["original_steps"]]  # bundle and trace number them alike
             for new, old in pairs if order == "forward" else pairs[::-1]:
                 st, want = b.step(new), orig.step(old).array("attn_kv")
                 if want is None:
@@ -248,7 +248,7 @@ def test_delta_coded_bundle_checks_and_replays_from_anywhere(fault: str, tmp_pat
     with TraceReader(fault) as r:
         from specscope.backend.replay import replay
 
-        want = replay(recorded_call(r.step(manifest["original_steps"][last])), "cpu", "reference", "float32")
+        want = replay(recorded_call(r.step(last)), "cpu", "reference", "float32")
     assert code == (0 if want.agrees else 1) and res["worst"]["kernel-vs-truth"] == want.worst("kernel-vs-truth")
     kv_delta._cache.clear()
     kv_delta._sources.clear()  # as in a fresh process that never opened the zip

@@ -1,13 +1,18 @@
 """Bug-report bundles: one .zip a maintainer opens, checks and replays without the reporter's GPU, models or setup.
 
-Inside: `trace.db` (the chosen steps plus the captures their replays came from, renumbered 0..n-1 because the
-schema wants step indexes dense — `bundle.json` maps them back; a valid trace every command opens), `check.json`
+Inside: `trace.db` (the chosen steps plus the captures their replays came from, each under its index in the original
+trace, so `replay t.zip --step 34` is the step 34 the reporter talks about; a valid trace every command opens: the
+schema wants indexes that grow, not dense ones), `check.json`
 (the verdicts: the catalogue run over the bundle, and the violations the original trace held for those steps),
 `environment.json` (GPU, versions, git commit, what the recorder did not record), `command.txt` (the exact
 command that recorded the trace), `perfetto.json.gz` (the steps as a Perfetto timeline) and `README.md`.
 
 Every command opens a bundle where it opens a trace: `open_trace_or_bundle(path)` extracts `trace.db` to a
-temporary folder for the duration of a `with` block.
+temporary folder for the duration of a `with` block (and `TraceReader(zip)` does the same for its lifetime).
+
+Bundles of format 2 and older renumbered their steps 0..n-1 (`bundle.json` original_steps[i] is bundle step i's
+index in the original trace). They open as they always did, numbered as their own README.md says; `original_step`
+and `bundle_summary` give the original numbers beside them.
 
 Recorded attention calls travel delta-coded (`kv_delta.py`): the first call of each model keeps its full
 `attn_kv`, later ones only the KV token rows that changed since the previous bundled call of that model; every
@@ -39,7 +44,9 @@ from . import kv_delta
 
 TRACE_NAME = "trace.db"
 MANIFEST = "bundle.json"
-BUNDLE_FORMAT = 2  # 2: attn_kv delta-coded across the bundled calls of a model (kv_delta.py)
+# 2: attn_kv delta-coded across the bundled calls of a model (kv_delta.py); 3: steps keep their original indexes
+BUNDLE_FORMAT = 3
+ORIGINAL_NUMBERS_SINCE = 3  # the first format whose trace.db numbers its steps as the original trace does
 _MAX_TRACE_BYTES = 4 << 30  # refuse to extract more than this from a bundle (a damaged or hostile size field)
 _ENV_WANTED = ("python", "torch", "flashinfer", "cuda", "specscope")
 
@@ -176,7 +183,7 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
     indexes = bundle_steps(reader, start, stop)
     if not indexes:
         raise ValueError(f"no steps in {start}:{'' if stop is None else stop} (the trace has "
-                         f"{reader.num_steps()} steps)")
+                         f"{reader.steps_text()})")
     work = tempfile.mkdtemp(prefix="specscope-bundle-")
     try:
         db = os.path.join(work, TRACE_NAME)
@@ -186,8 +193,8 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
         dropped: list[int] = []
         coder = _KVCoder(reader, delta_kv)
         with TraceWriter(db, reader.run) as w:
-            for new, i in enumerate(indexes):
-                step: Step = _renumber(reader.step(i), new)
+            for i in indexes:
+                step: Step = reader.step(i)  # under its own index: the gaps are the steps left out
                 request_ids.update(r.request_id for r in step.requests)
                 if attention == "none":
                     step = _without_attention(step)
@@ -196,7 +203,7 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
                 if attention == "flagged" and not got and step.array("attn_q") is not None:
                     # Unflagged: its calls agreed (else D1/D2 would flag it), so the bundle's verdicts stay the same.
                     step = _without_attention(step)
-                    dropped.append(new)
+                    dropped.append(i)
                 w.write_step(coder.code(step, i))
             for rec in reader.requests():
                 if rec.request_id in request_ids:
@@ -215,8 +222,7 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
         src = trace_path or reader.path
         manifest = {
             "format": BUNDLE_FORMAT, "source_trace": os.path.basename(src), "steps": [start, stop],
-            "original_steps": indexes, "captures_added": sorted(chosen - in_range),
-            "captures_added_as": [indexes.index(i) for i in sorted(chosen - in_range)],
+            "step_numbers": "original", "original_steps": indexes, "captures_added": sorted(chosen - in_range),
             "num_steps": len(indexes), "num_violations_bundle_check": len(found),
             "num_violations_original": len(original),
             "attention_steps": _attention_steps(db), "attention": attention, "attention_dropped": dropped,
@@ -226,7 +232,7 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
         }  # fmt: skip
         perfetto = os.path.join(work, "perfetto.json.gz")
         with TraceReader(db) as r2:
-            write_perfetto(r2, perfetto)
+            write_perfetto(r2, perfetto, name=os.path.basename(out))
         readme = readme_text(os.path.basename(out), manifest, env, cmd, found)
         tmp = out + ".tmp"
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as z:
@@ -287,16 +293,55 @@ class _KVCoder:
         return dataclasses.replace(step, arrays=(*arrays, marker))
 
 
-def _renumber(step: Step, index: int) -> Step:
-    """The step as bundle step `index` (its recorder violations follow; their message text keeps the original)."""
-    vs = tuple(dataclasses.replace(v, step=index) for v in step.violations)
-    return dataclasses.replace(step, index=index, violations=vs)
+def renumbered(manifest: dict[str, Any]) -> bool:
+    """Whether a bundle numbers its steps 0..n-1 (formats before 3) instead of as the original trace does."""
+    fmt = manifest.get("format")
+    return not (isinstance(fmt, int) and fmt >= ORIGINAL_NUMBERS_SINCE) and bool(manifest.get("original_steps"))
 
 
 def original_step(manifest: dict[str, Any], index: int) -> int | None:
-    """The original trace's index of bundle step `index` (None when out of range or unknown)."""
+    """The original trace's index of bundle step `index` (None when the bundle holds no such step): the index
+    itself since format 3, original_steps[index] for the older bundles that renumbered their steps."""
     steps = manifest.get("original_steps") or []
+    if not renumbered(manifest):
+        return int(index) if int(index) in steps else None
     return int(steps[index]) if 0 <= index < len(steps) else None
+
+
+def bundle_summary(reader: TraceReader) -> dict[str, Any] | None:
+    """What `info` says about a bundle (None for a plain trace): the .zip it was opened from, the trace and range
+    of steps it was cut from, the captures it adds, and how its steps are numbered."""
+    if reader.bundle_path is None:
+        return None
+    m = read_manifest(reader.bundle_path) or {}
+    orig = [int(i) for i in m.get("original_steps") or []]
+    added = [int(i) for i in m.get("captures_added") or []]
+    chosen = [i for i in orig if i not in set(added)]
+    rng = m.get("steps") if isinstance(m.get("steps"), list) else None
+    out: dict[str, Any] = {
+        "path": reader.bundle_path, "format": m.get("format"), "source_trace": m.get("source_trace"),
+        "range": rng, "first_step": chosen[0] if chosen else None, "last_step": chosen[-1] if chosen else None,
+        "captures_added": added, "step_numbers": "bundle" if renumbered(m) else "original",
+    }  # fmt: skip
+    if renumbered(m):
+        out["original_steps"] = orig  # bundle step i is original step original_steps[i]
+    return out
+
+
+def bundle_summary_line(b: dict[str, Any]) -> str:
+    """One line for `info`'s text: `bundle of steps 30–59 of cpu.db (+ captures 2, 5), numbered as in that trace`."""
+    from ..query import index_runs_text
+
+    src = b.get("source_trace") or "the original trace"
+    what = f"steps {b['first_step']}–{b['last_step']}" if b.get("first_step") is not None else "no steps"
+    caps = f" (+ captures {index_runs_text(b['captures_added'])})" if b.get("captures_added") else ""
+    if b.get("step_numbers") == "bundle":
+        n = len(b.get("original_steps") or [])
+        how = (f"; an older bundle: its steps are numbered 0–{n - 1}, bundle step i being step original_steps[i] "
+               "of its bundle.json")
+    else:
+        how = ", numbered as in that trace"
+    return f"bundle of {what} of {src}{caps}{how}"
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -319,15 +364,11 @@ def _attention_steps(db: str) -> list[int]:
         return out
 
 
-def _mapping(orig: list[int]) -> str:
-    """`0 -> 12, 1 -> 40..47 as 1..8` style summary of the renumbering."""
-    runs, k = [], 0
-    while k < len(orig):
-        j = k
-        while j + 1 < len(orig) and orig[j + 1] == orig[j] + 1:
-            j += 1
-        runs.append(f"{k} -> {orig[k]}" if j == k else f"{k}..{j} -> {orig[k]}..{orig[j]}")
-        k = j + 1
+def _runs(indexes: list[int]) -> str:
+    """`12, 40..47` style summary of the bundled indexes."""
+    from ..query import index_runs
+
+    runs = [str(a) if a == b else f"{a}..{b}" for a, b in index_runs(indexes)]
     return ", ".join(runs[:8]) + (", ..." if len(runs) > 8 else "")
 
 
@@ -348,9 +389,9 @@ def readme_text(name: str, manifest: dict[str, Any], env: dict[str, Any], comman
         f"Steps {a}:{'' if b is None else b} of `{manifest['source_trace']}` ({manifest['num_steps']} steps, "
         f"captures added: {manifest['captures_added'] or 'none needed'}), recorded on **{env['device']}** "
         f"with the `{env['attention_kernel']}` attention kernels.", "",
-        f"Step indexes below are the bundle's, 0..{manifest['num_steps'] - 1}: bundle step i is step "
-        f"`bundle.json` original_steps[i] of the original trace ({_mapping(manifest['original_steps'])}). "
-        "Violation messages recorded during the run keep the original numbers.", "",
+        f"Steps keep their numbers from `{manifest['source_trace']}` (this bundle holds steps "
+        f"{_runs(manifest['original_steps'])}), so every command below and every message speaks of the steps the "
+        "report does.", "",
         "## What to run", "",
         "```bash",
         "pip install specscope            # or: pip install -e . in a specscope checkout (no GPU needed)",

@@ -251,19 +251,21 @@ def _thread(pid: int, tid: int, name: str) -> list[dict[str, Any]]:
             {"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}}]
 
 
-def trace_json(events: Iterable[dict[str, Any]], reader: TraceReader) -> dict[str, Any]:
-    """The JSON object: `traceEvents` plus the run's command, device and kernel as `metadata`."""
+def trace_json(events: Iterable[dict[str, Any]], reader: TraceReader, name: str | None = None) -> dict[str, Any]:
+    """The JSON object: `traceEvents` plus the run's command, device and kernel as `metadata` (`name`: the file to
+    name in it; default the one the reader was opened on, a bundle's .zip rather than its trace.db copy)."""
     run = reader.run
     return {"traceEvents": list(events), "displayTimeUnit": "ns",
-            "metadata": {"specscope_trace": os.path.basename(reader.path), "command": run.command,
+            "metadata": {"specscope_trace": name or os.path.basename(reader.display_path), "command": run.command,
                          "device": run.device, "attention_kernel": run.attention_kernel,
                          "versions": run.versions, "git_commit": run.git_commit,
                          "clock": "host monotonic ns (time.perf_counter_ns); GPU spans converted to it"}}
 
 
-def write_perfetto(reader: TraceReader, out: str, start: int = 0, stop: int | None = None) -> int:
+def write_perfetto(reader: TraceReader, out: str, start: int = 0, stop: int | None = None, *,
+                   name: str | None = None) -> int:
     """Write the export to `out` (gzip when it ends in .gz); returns the number of trace events."""
-    doc = trace_json(build_events(reader, start, stop), reader)
+    doc = trace_json(build_events(reader, start, stop), reader, name)
     data = json.dumps(doc, separators=(",", ":")).encode()
     tmp = out + ".tmp"
     with open(tmp, "wb") as raw:

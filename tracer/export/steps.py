@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 
-def parse_steps(text: str | None, num_steps: int | None = None) -> tuple[int, int | None]:
+def parse_steps(text: str | None, last: int | None = None) -> tuple[int, int | None]:
     """`A:B` (B exclusive), `A:`, `:B` or `N` (one step) -> (start, stop); stop None means to the end.
 
+    A and B are step indexes, not positions: a bundle keeps the original trace's numbers, so `--steps 30:40` of a
+    bundle of steps 30..59 is its first ten steps. `last` (the trace's highest index) rejects a range past it.
     Raises ValueError with a one-line message for anything else (negative, empty or reversed ranges)."""
     if text is None or text.strip() in ("", ":"):
         return 0, None
@@ -24,6 +26,6 @@ def parse_steps(text: str | None, num_steps: int | None = None) -> tuple[int, in
         raise ValueError(f"--steps {text!r}: step indexes are >= 0")
     if hi is not None and hi <= lo:
         raise ValueError(f"--steps {text!r}: the range is empty (B must be greater than A)")
-    if num_steps is not None and lo >= num_steps:
-        raise ValueError(f"--steps {text!r}: the trace has steps 0..{num_steps - 1}")
+    if last is not None and lo > last:
+        raise ValueError(f"--steps {text!r}: the trace's steps end at {last}")
     return lo, hi
