@@ -69,6 +69,10 @@ class Accelerator:
                 return n
         return 100
 
+    def held(self) -> bool:
+        """Whether the last key is still repeating by this accelerator's clock."""
+        return self.streak > 0 and self.clock() - self.last <= self.window
+
 
 # Every action: (id, key shown, palette title, help). The palette, the help screen and the tests use this list.
 ACTIONS: list[tuple[str, str, str, str]] = [
@@ -324,7 +328,10 @@ class SpecscopeApp(App[int]):
 
     def _settled(self) -> None:
         self._settle = None
-        self.accel.streak = 0
+        # The accelerator's clock, not this redraw timer, says when the key is up: a repeat that came late on a
+        # busy machine must not start the stride over.
+        if not self.accel.held():
+            self.accel.streak = 0
         if self.source.num_steps():
             self._timeline.show(self.current)
             self._side(self.source.step(self.current))
