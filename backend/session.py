@@ -74,17 +74,29 @@ def _quiet(cmd: list[str], cwd: Path | None = None, timeout: float = 5.0) -> str
     return out.stdout if out.returncode == 0 else None
 
 
-def git_commit(cwd: Path = _SOURCE_DIR) -> str | None:
-    """The commit of the specscope tree at `cwd` (git, or the file a `git archive` copy carries), or None."""
-    out = _quiet(["git", "rev-parse", "HEAD"], cwd)
-    return (out or "").strip() or archive_commit()
+def git_commit(cwd: Path | None = None, archive_file: Path | None = None) -> str | None:
+    """The commit of the git tree at `cwd` (default: this specscope tree), or None. Without git's answer (no git, or
+    no repository there) it is the one `archive_file` names (default: this specscope tree's
+    backend/archive_commit.txt, and only when `cwd` is inside that tree: the file describes its own tree, not
+    whatever folder was asked about)."""
+    cwd = _SOURCE_DIR if cwd is None else cwd
+    out = (_quiet(["git", "rev-parse", "HEAD"], cwd) or "").strip()
+    if out:
+        return out
+    if archive_file is None:
+        root = _SOURCE_DIR.parent  # the tree a `git archive` copy unpacks: the package's top folder
+        if not Path(cwd).resolve().is_relative_to(root.resolve()):
+            return None
+        archive_file = _SOURCE_DIR / "archive_commit.txt"
+    return archive_commit(archive_file)
 
 
-def archive_commit() -> str | None:
-    """The commit a `git archive` copy of the checkout was made from (git fills backend/archive_commit.txt in an
-    archive: .gitattributes export-subst), or None in a checkout, where git itself answers."""
+def archive_commit(path: Path | None = None) -> str | None:
+    """The commit a `git archive` copy was made from: what git filled into `path` (default: this tree's
+    backend/archive_commit.txt, .gitattributes export-subst), or None in a checkout (git leaves the placeholder,
+    and git itself answers there) or without the file."""
     try:
-        text = (_SOURCE_DIR / "archive_commit.txt").read_text().strip()
+        text = (path or _SOURCE_DIR / "archive_commit.txt").read_text().strip()
     except OSError:
         return None
     return text if text and not text.startswith("$Format") else None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from specscope.backend.session import _versions, git_commit, git_dirty, nvidia_driver
+from specscope.backend.session import _versions, archive_commit, git_commit, git_dirty, nvidia_driver
 from specscope.tracer.export.bundle import environment
 from specscope.tracer.store import TraceReader
 from test_export_common import FAULT, recorded
@@ -47,7 +47,9 @@ def test_git_dirty_in_a_temporary_repository(tmp_path: Path) -> None:
 def test_no_git_and_no_nvidia_smi_mean_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # neither git nor nvidia-smi can be found
-    assert git_dirty() is None and git_commit() is None and nvidia_driver() is None
+    assert git_dirty() is None and git_commit(tmp_path) is None and nvidia_driver() is None
+    # The tree's own commit is what its archive file says: nothing in a checkout, the commit in a `git archive` copy.
+    assert git_commit() == archive_commit()
     v = _versions(torch.device("cpu"))
     assert "git_dirty" not in v and "nvidia_driver" not in v and v["torch"] == torch.__version__
     assert capsys.readouterr().err == ""  # quietly: no traceback, no git noise
@@ -79,9 +81,9 @@ def test_a_recorded_run_carries_the_dirty_flag(tmp_path_factory: pytest.TempPath
     assert env["nvidia_driver"] is None and not any("driver" in m for m in env["not_recorded"])  # a CPU run
 
 
-@pytest.mark.skipif(GIT is None, reason="needs git")
-def test_a_git_archive_copy_names_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tree made by `git archive` (how GPU hosts get it) has no .git: the commit comes from the file git filled."""
+def _archive_copy(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A git repository holding a copy of backend/ (with the archive file's export-subst) and a `git archive` of it
+    unpacked beside: (repository, unpacked copy, commit)."""
     import specscope.backend.session as session
 
     repo = tmp_path / "repo"
@@ -95,7 +97,33 @@ def test_a_git_archive_copy_names_its_commit(tmp_path: Path, monkeypatch: pytest
     out.mkdir()
     tar = subprocess.run(["git", "archive", "HEAD"], cwd=repo, capture_output=True, check=True).stdout
     subprocess.run(["tar", "x", "-C", str(out)], input=tar, check=True)
+    return repo, out, head
+
+
+@pytest.mark.skipif(GIT is None, reason="needs git")
+def test_a_git_archive_copy_names_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree made by `git archive` (how GPU hosts get it) has no .git: the commit comes from the file git filled."""
+    import specscope.backend.session as session
+
+    repo, out, head = _archive_copy(tmp_path)
     monkeypatch.setattr(session, "_SOURCE_DIR", out / "backend")
     assert session.archive_commit() == head and session.git_commit(out / "backend") == head
     monkeypatch.setattr(session, "_SOURCE_DIR", repo / "backend")  # a checkout: the file is unfilled, git answers
     assert session.archive_commit() is None and git_commit(repo / "backend") == head
+
+
+@pytest.mark.skipif(GIT is None, reason="needs git")
+def test_from_a_git_archive_copy_other_folders_have_no_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from a `git archive` copy (its archive file filled, no .git), the copy's commit describes the copy only:
+    a folder elsewhere that is no repository has none, with or without git, as in a checkout."""
+    import specscope.backend.session as session
+
+    _, out, head = _archive_copy(tmp_path)
+    monkeypatch.setattr(session, "_SOURCE_DIR", out / "backend")  # this process now runs from the copy
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert session.git_commit(plain) is None and session.git_dirty(plain) is None
+    assert session.git_commit() == head and session.git_commit(out) == head  # the copy, and its top folder
+    monkeypatch.setenv("PATH", str(plain))  # no git at all
+    assert session.git_commit(plain) is None and session.git_commit(out / "backend") == head
+    assert session.git_commit(plain, archive_file=out / "backend" / "archive_commit.txt") == head  # named: used
