@@ -13,6 +13,7 @@ replacing earlier "check" verdicts (what `specscope check --write` does).
 
 from __future__ import annotations
 
+import itertools
 import os
 import select
 import signal
@@ -70,12 +71,13 @@ class LiveChecker:
 
     def step(self) -> int:
         """Check the next batch of committed steps (at most CHUNK); returns how many were checked."""
-        n = self.reader.num_steps()
-        if n <= self.done + 1:
+        # By index, not count: a step lost in flight leaves a gap, and the walk goes on past it.
+        last = self.reader.last_index()
+        if last is None or last <= self.done:
             return 0
         found: list[Violation] = []
         count = 0
-        for st in self.reader.steps(self.done + 1, min(n, self.done + 1 + CHUNK)):
+        for st in itertools.islice(self.reader.steps(self.done + 1, last + 1), CHUNK):
             # Violations attached by the recorder are already in the table (source "recorder").
             attached = set(st.violations)
             for v in self.checker.feed(st):
@@ -109,7 +111,8 @@ def follow(path: str, stdin_fd: int | None) -> LiveChecker:
             if lc.step():
                 quiet_since = None
                 continue
-            if lc.reader.is_closed() and lc.reader.num_steps() <= lc.done + 1:
+            last = lc.reader.last_index()
+            if lc.reader.is_closed() and (-1 if last is None else last) <= lc.done:
                 break
             if parent_gone:
                 now = time.monotonic()

@@ -116,6 +116,7 @@ class QueryMixin:
     def num_steps(self) -> int: ...  # type: ignore[empty-body]
     def step(self, i: int, arrays: Iterable[str] | None = None) -> Step: ...  # type: ignore[empty-body]
     def is_dense(self) -> bool: ...  # type: ignore[empty-body]
+    def last_index(self) -> int | None: ...  # type: ignore[empty-body]
     def step_indexes(self, start: int = 0, stop: int | None = None) -> list[int]: ...  # type: ignore[empty-body]
     def steps_text(self) -> str: ...  # type: ignore[empty-body]
 
@@ -245,7 +246,9 @@ class QueryMixin:
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             n = self.num_steps()
-            if n > after + 1 or self.is_closed() or time.monotonic() >= deadline:  # type: ignore[attr-defined]
+            last = self.last_index()  # an index, not the count: a bundle's indexes start late and skip
+            if (last is not None and last > after) or self.is_closed() or \
+                    time.monotonic() >= deadline:  # type: ignore[attr-defined]
                 return n
             time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
 

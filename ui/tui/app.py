@@ -235,8 +235,10 @@ class SpecscopeApp(App[int]):
         self._main_screen = self.screen
         self._layout_classes(self.size.width)
         self.loader.start()
-        n = self.source.num_steps()
-        first = self._start if self._start is not None else (n - 1 if self.follow and n else 0)
+        src = self.source
+        n = src.num_steps()
+        first = self._start if self._start is not None else (src.last_index() if self.follow and n else
+                                                             src.first_index())
         self._steps.focus()
         if n:
             self.move_to(first)
@@ -259,15 +261,16 @@ class SpecscopeApp(App[int]):
     # -- the current step --------------------------------------------------------------------------
 
     def move_to(self, i: int, cell: m.Cell | None = None, violation: Violation | None = None) -> None:
-        """Show step `i` (clamped); `cell` is highlighted in the grid, seqlens or request table."""
-        n = self.source.num_steps()
-        if n == 0:
+        """Show step `i` (an index; one the trace lacks, as in a bundle's gap, goes to the nearest held step);
+        `cell` is highlighted in the grid, seqlens or request table."""
+        src = self.source
+        if src.num_steps() == 0:
             return
-        i = max(0, min(n - 1, int(i)))
-        self._tail = i == n - 1
+        i = src.snap(int(i))
+        self._tail = i == src.last_index()
         self.collector.moved()
         self.current = i
-        self._steps.set_cursor(i)
+        self._steps.set_cursor(src.row_of(i))
         self._show(i, cell, violation)
         if isinstance(scr := getattr(self, "_main_screen", None), MainScreen):
             scr.frame_now = True  # the frame with the new step is drawn as soon as the screen is idle
@@ -302,11 +305,12 @@ class SpecscopeApp(App[int]):
         self._status()
         src.prefetch(i - WINDOW - BLOCK, i + WINDOW + BLOCK)
         if PREFETCH_NEIGHBOURS:
-            d = (i - self._shown) or 1  # the way the keys go: the next press most likely moves as far again
+            # Rows, not indexes (a bundle's skip): the next press most likely moves as far again.
+            d = (src.row_of(i) - src.row_of(self._shown)) or 1
             # ... and where `n` / `N` would jump (their summaries too, for the step list around them).
             jumps = [j for j in (src.violations.next_step(i), src.violations.next_step(i, backward=True))
                      if j is not None]
-            self._prefetch_when_idle([i + d, i - d, *jumps])
+            self._prefetch_when_idle([src.offset(i, d), src.offset(i, -d), *jumps])
             for j in jumps:
                 src.prefetch(j - BLOCK, j + BLOCK)
         self._shown = i
@@ -349,7 +353,8 @@ class SpecscopeApp(App[int]):
         """Acceptance for the run and ±WINDOW steps; after a far jump the window's summaries are fetched in the
         background and the pane fills in on the next tick (the jump itself never waits for them)."""
         src = self.source
-        a, b = max(0, i - WINDOW), min(src.num_steps(), i + WINDOW + 1)
+        # A window of indexes, clipped to the ones held (a bundle's start late).
+        a, b = max(src.first_index(), i - WINDOW), min(src.last_index() + 1, i + WINDOW + 1)
         hist = self._window_hist.window(a, b, src.cached_summaries)
         self._accept_pending = hist is None
         if hist is not None:
@@ -371,19 +376,18 @@ class SpecscopeApp(App[int]):
 
     def _status(self) -> None:
         src = self.source
-        n = src.num_steps()
         t = Lines()
         t.append("specscope ", style="bold")
         if self.controller is not None:  # first: the run's state must survive a narrow terminal's cut
             t.append(self.controller.status_text(short=True) + "  ", style="bold #ffd75f")
-        t.append(f"step {self.current}/{max(0, n - 1)}  ", style="bold")
+        t.append(f"step {self.current}/{max(0, src.last_index())}  ", style="bold")
         nv = src.violations.total()
         if src.loading_violations:
             t.append("violations: loading…  ", style="grey62")
         else:
             t.append(f"{nv} violation{'s' if nv != 1 else ''}", style="bold #ff5f5f" if nv else "green")
             ct = src.checked_through
-            if ct is None or ct < n - 1:
+            if ct is None or ct < src.last_index():
                 done = src.tui_checked_through
                 if done >= 0:
                     t.append(f" (checked here through {done})", style="grey62")
@@ -423,7 +427,7 @@ class SpecscopeApp(App[int]):
             if grew:
                 self._steps.sync_size()
                 if self._tail and (self.controller is None or self.controller.follow_tail()):
-                    self.move_to(src.num_steps() - 1)
+                    self.move_to(src.last_index())
         if self.run_hist is None and src.run_hist is not None:
             self.run_hist = src.run_hist
         if self._accept_pending and (self._main_screen.has_class("-wide") or
@@ -457,12 +461,12 @@ class SpecscopeApp(App[int]):
     # -- navigation actions ------------------------------------------------------------------------
 
     def action_next_step(self) -> None:
-        """Next step (held: accelerating)."""
-        self.move_to(self.current + self.accel.stride("]"))
+        """Next step (held: accelerating); steps are rows: a bundle's gap is one move."""
+        self.move_to(self.source.offset(self.current, self.accel.stride("]")))
 
     def action_prev_step(self) -> None:
         """Previous step (held: accelerating)."""
-        self.move_to(self.current - self.accel.stride("["))
+        self.move_to(self.source.offset(self.current, -self.accel.stride("[")))
 
     def action_next_iteration(self) -> None:
         """First step of the next iteration."""
@@ -475,25 +479,28 @@ class SpecscopeApp(App[int]):
     def action_prev_iteration(self) -> None:
         """First step of the previous iteration."""
         j = self.source.iteration_step(self.current, backward=True)
-        self.move_to(0 if j is None else j)
+        self.move_to(self.source.first_index() if j is None else j)
 
     def action_first_step(self) -> None:
-        """Step 0."""
-        self.move_to(0)
+        """The first step (step 0 of a recorded trace; a bundle's first)."""
+        self.move_to(self.source.first_index())
 
     def action_last_step(self) -> None:
         """The last step."""
-        self.move_to(self.source.num_steps() - 1)
+        self.move_to(self.source.last_index())
 
     def goto_text(self, text: str) -> str | None:
         """Go to what a go-to box says; returns an error sentence or None."""
         t = text.strip().lower()
-        n = self.source.num_steps()
+        src = self.source
         try:
             if t in ("end", "$", "last"):
-                target = n - 1
+                target = src.last_index()
             elif t.startswith(("+", "-")):
-                target = self.current + int(t)
+                # N steps on, as `]` moves one: rows of the list, so a bundle's gap counts as no steps.
+                row = src.row_of(self.current) + int(t)
+                held = src.index_at(row)
+                target = self.current + int(t) if held is None else held
             elif t.startswith("i"):
                 hits = self.source.reader.find_steps(StepFilter(iteration=int(t[1:])), limit=1)
                 if not hits:
@@ -503,8 +510,8 @@ class SpecscopeApp(App[int]):
                 target = int(t)
         except ValueError:
             return f"not a step number: {text!r} (a number, +N, -N, end, or iN for iteration N)"
-        if not 0 <= target < n:
-            return f"no step {target} (the trace has steps 0–{n - 1})"
+        if not src.has(target):  # indexes, not rows: a bundle keeps the original run's numbers
+            return f"no step {target} (the trace has {src.steps_text()})"
         self.move_to(target)
         return None
 
@@ -525,7 +532,7 @@ class SpecscopeApp(App[int]):
         self.last_search, self.last_search_text = f, text
         hit = self.source.find(f, self.current, backward=backward)
         if hit is None:
-            hit = self.source.find(f, -1 if not backward else self.source.num_steps(), backward=backward)
+            hit = self.source.find(f, -1 if not backward else self.source.last_index() + 1, backward=backward)
             if hit is None:
                 return f"no step matches {text!r}"
             self.notify_line(f"search wrapped: {text}")
@@ -617,7 +624,8 @@ class SpecscopeApp(App[int]):
         """Export the window around the current step as a bug-report bundle, when this build has it."""
         from .export import export_window
 
-        self.notify_line(export_window(self.abs_path, self.current, self.source.num_steps()))
+        # The window is of indexes: its end is past the last one, not the count (a bundle's start late).
+        self.notify_line(export_window(self.abs_path, self.current, self.source.last_index() + 1))
 
     def action_help(self) -> None:
         """The help screen."""

@@ -1,5 +1,8 @@
 """The TUI's window on a trace: bounded caches over `TraceReader`, so nothing ever loads every step.
 
+Steps are addressed by index everywhere (what the user reads, what violations and searches name); the step list
+lays them out in rows, and `positions` (tracer.query.StepIndex) maps one to the other: the identity for a recorded
+trace, the held indexes for a bundle (which keeps the original run's numbers, so its indexes start late and skip).
 Summaries come in blocks of `BLOCK` rows (prefetched around the current step on a thread), decoded steps
 in a small LRU; the violation index holds only
 violations (sparse), merged from the trace's table and from the TUI's own streaming checker for traces that
@@ -14,7 +17,7 @@ import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
 
-from specscope.tracer.query import StepFilter
+from specscope.tracer.query import StepFilter, StepIndex
 from specscope.tracer.schema import Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
 from specscope.ui.views import is_byte_level
@@ -95,9 +98,12 @@ class TraceSource:
         self.path = path
         self.display = path if display is None else display  # the name the status line shows
         self.reader = TraceReader(path)
+        # The background readers open the same file: a bundle's trace.db copy, not the .zip (extracted again each).
+        self._db = self.reader.path
         self.run = self.reader.run
         self.byte_level = is_byte_level(self.run)
-        self._n = self.reader.num_steps()
+        self.positions = StepIndex(self.reader)
+        self._n = len(self.positions)
         self._blocks: OrderedDict[int, list[StepSummary]] = OrderedDict()
         self._steps: OrderedDict[int, Step] = OrderedDict()
         self._grids: dict[int, Grid | None] = {}  # classified page tables of the steps in `_steps`
@@ -118,12 +124,57 @@ class TraceSource:
     # -- counts ----------------------------------------------------------------------------------
 
     def num_steps(self) -> int:
-        """Steps known to the UI (see `refresh`)."""
+        """Steps known to the UI (see `refresh`): rows of the step list, not the highest index."""
         return self._n
+
+    def first_index(self) -> int:
+        """The lowest step index (0 without steps)."""
+        return self.positions.first() or 0
+
+    def last_index(self) -> int:
+        """The highest step index known (-1 without steps)."""
+        last = self.positions.last()
+        return -1 if last is None else last
+
+    def has(self, i: int) -> bool:
+        """Whether the trace holds step `i` (as of the last refresh)."""
+        return self.positions.position(i) is not None
+
+    def row_of(self, i: int) -> int:
+        """The step list row of step `i` (of the nearest held step when it is not held)."""
+        return self.positions.nearest(i)
+
+    def index_at(self, row: int) -> int | None:
+        """The index of the step in list row `row` (None outside the list)."""
+        return self.positions.at(row) if 0 <= row < self._n else None
+
+    def snap(self, i: int) -> int:
+        """`i` when held, else the nearest held index (clamped to the trace)."""
+        return self.positions.snap(i)
+
+    def offset(self, i: int, k: int) -> int:
+        """The index `k` steps (rows) after step `i` (k < 0: before), clamped to the trace."""
+        return self.positions.offset(i, k)
+
+    def around(self, i: int, half: int, *, contiguous: bool = False) -> list[int]:
+        """The indexes of up to `half` steps either side of step `i` and itself, in order; `contiguous` keeps to
+        the run of consecutive indexes around it (steps across a bundle's gap lie far apart in time)."""
+        if not self._n:
+            return []
+        p = self.positions.nearest(i)
+        out = [self.positions.at(q) for q in range(max(0, p - half), min(self._n, p + half + 1))]
+        if contiguous:
+            lo, hi = self.positions.run_of(self.positions.at(p))
+            out = [j for j in out if lo <= j <= hi]
+        return out
+
+    def steps_text(self) -> str:
+        """`steps 0–172`, or for a bundle `steps 2, 5, 30–59` (for messages)."""
+        return self.positions.text()
 
     def refresh(self) -> int:
         """Re-count the steps of a growing trace; returns how many arrived."""
-        n = self.reader.num_steps()
+        n = self.positions.refresh()
         grew = n - self._n
         if grew > 0:
             last_block = (self._n - 1) // BLOCK if self._n else 0
@@ -140,19 +191,27 @@ class TraceSource:
     # -- summaries and steps ----------------------------------------------------------------------
 
     def summary(self, i: int) -> StepSummary | None:
-        """Summary of step `i` from the block cache (None past the end)."""
-        if not 0 <= i < self._n:
+        """Summary of step `i` from the block cache (None when the trace does not hold it)."""
+        p = self.positions.position(i)
+        if p is None or p >= self._n:
             return None
-        b = i // BLOCK
+        b = p // BLOCK
         with self._lock:
             rows = self._blocks.get(b)
             if rows is not None:
                 self._blocks.move_to_end(b)
         if rows is None:
-            rows = self.reader.summaries(b * BLOCK, min((b + 1) * BLOCK, self._n))
+            rows = self._block_rows(self.reader, b, self._n)
             self._store_block(b, rows)
-        k = i - b * BLOCK
+        k = p - b * BLOCK
         return rows[k] if k < len(rows) else None
+
+    def _block_rows(self, reader: TraceReader, b: int, n: int) -> list[StepSummary]:
+        # Block b is rows b*BLOCK .. of the step list: the summaries of the indexes those rows hold.
+        lo, hi = b * BLOCK, min((b + 1) * BLOCK, n)
+        if hi <= lo:
+            return []
+        return reader.summaries(self.positions.at(lo), self.positions.at(hi - 1) + 1)
 
     def _store_block(self, b: int, rows: list[StepSummary]) -> None:
         with self._lock:
@@ -161,13 +220,18 @@ class TraceSource:
             while len(self._blocks) > _BLOCKS_KEPT:
                 self._blocks.popitem(last=False)
 
+    def _rows(self, start: int, stop: int) -> tuple[int, int]:
+        """The step list rows [lo, hi) of the steps with start <= index < stop."""
+        return self.positions.first_at_or_after(start), self.positions.first_at_or_after(stop)
+
     def prefetch(self, lo: int, hi: int) -> None:
-        """Fetch the summary blocks covering [lo, hi) on a background thread (with its own reader), so moving
-        across a block boundary finds them cached."""
+        """Fetch the summary blocks covering steps lo <= index < hi on a background thread (with its own reader),
+        so moving across a block boundary finds them cached."""
         if self._prefetcher is None:
             self._prefetcher = threading.Thread(target=self._prefetch_loop, name="specscope-tui-prefetch",
                                                 daemon=True)
             self._prefetcher.start()
+        lo, hi = self._rows(lo, hi)
         for b in range(max(0, lo) // BLOCK, (max(0, min(hi, self._n)) - 1) // BLOCK + 1):
             with self._lock:
                 have = b in self._blocks
@@ -175,7 +239,7 @@ class TraceSource:
                 self._want.put(b)
 
     def _prefetch_loop(self) -> None:
-        with TraceReader(self.path) as r:
+        with TraceReader(self._db) as r:
             while True:
                 b = self._want.get()
                 if b is None or self._closed:
@@ -186,25 +250,27 @@ class TraceSource:
                         continue
                 full = (b + 1) * BLOCK <= n  # a partial last block is left to the UI thread (it grows)
                 if full:
-                    self._store_block(b, r.summaries(b * BLOCK, (b + 1) * BLOCK))
+                    self._store_block(b, self._block_rows(r, b, n))
 
     def cached_summaries(self, start: int, stop: int) -> list[StepSummary] | None:
-        """Summaries of [start, stop) if every block is cached already; else None (and they are prefetched)."""
-        lo, hi = max(0, start), min(stop, self._n)
+        """Summaries of the steps start <= index < stop if every block is cached already; else None (and they are
+        prefetched)."""
+        lo, hi = self._rows(start, stop)
+        hi = min(hi, self._n)
         if hi <= lo:
             return []
         with self._lock:
             missing = [b for b in range(lo // BLOCK, (hi - 1) // BLOCK + 1) if b not in self._blocks]
         full_missing = [b for b in missing if (b + 1) * BLOCK <= self._n]
         if full_missing:
-            self.prefetch(lo, hi)
+            self.prefetch(start, stop)
             return None
-        return self.summaries(lo, hi)
+        return self.summaries(start, stop)
 
     def summaries(self, start: int, stop: int) -> list[StepSummary]:
-        """Summaries of [start, stop) clipped to the trace, through the block cache."""
+        """Summaries of the steps start <= index < stop the trace holds, through the block cache."""
         out = []
-        for i in range(max(0, start), min(stop, self._n)):
+        for i in self.positions.between(start, stop):
             s = self.summary(i)
             if s is not None:
                 out.append(s)
@@ -247,7 +313,7 @@ class TraceSource:
         after a move the next key's step is usually ready when it comes. SQLite, zstd and numpy let go of the
         GIL, so most of it overlaps the UI thread's drawing."""
         with self._lock:
-            self._step_want = [j for j in indices if 0 <= j < self._n and j not in self._grids]
+            self._step_want = [j for j in indices if self.has(j) and j not in self._grids]
             if not self._step_want:
                 return
         if self._closed:
@@ -258,7 +324,7 @@ class TraceSource:
         self._step_wake.set()
 
     def _step_loop(self) -> None:
-        with TraceReader(self.path) as r:
+        with TraceReader(self._db) as r:
             while not self._closed:
                 self._step_wake.wait()
                 with self._lock:
@@ -293,25 +359,30 @@ class TraceSource:
         if cur is None:
             return None
         it = cur.iteration
-        j = i
+        # Walk the rows (a bundle's indexes skip), then answer with the index of the row reached.
+        at = self.positions.at
+        j = self.positions.nearest(i)
         if not backward:
             while True:
                 j += 1
-                s = self.summary(j)
+                if j >= self._n:
+                    return None
+                s = self.summary(at(j))
                 if s is None:
                     return None
                 if s.iteration != it:
-                    return j
+                    return at(j)
         # Backward: walk to the start of the previous iteration.
-        while j > 0 and (s := self.summary(j - 1)) is not None and s.iteration == it:
+        start = j
+        while j > 0 and (s := self.summary(at(j - 1))) is not None and s.iteration == it:
             j -= 1
         if j == 0:
-            return None if j == i else 0
-        prev_it = self.summary(j - 1).iteration  # type: ignore[union-attr]
+            return None if j == start else at(0)
+        prev_it = self.summary(at(j - 1)).iteration  # type: ignore[union-attr]
         j -= 1
-        while j > 0 and (s := self.summary(j - 1)) is not None and s.iteration == prev_it:
+        while j > 0 and (s := self.summary(at(j - 1))) is not None and s.iteration == prev_it:
             j -= 1
-        return j
+        return at(j)
 
     def find(self, f: StepFilter, after: int, backward: bool = False) -> int | None:
         """The next (previous) step matching a search, through the reader's query."""
@@ -356,25 +427,27 @@ class BackgroundLoader:
     def _main(self) -> None:
         src = self.source
         try:
-            with TraceReader(src.path) as r:
+            with TraceReader(src._db) as r:
                 src.checked_through = r.checked_through()
                 src.violations.add(r.violations())
                 src.loading_violations = False
                 src.run_hist = r.accept_histogram()  # a pass over every verify row: off the UI thread
-                n = r.num_steps()
+                # Bounds are step indexes (a bundle's start late and skip): the last one, not the count, ends a walk.
+                n, last = r.num_steps(), _last(r)
                 if self.auto_check and n <= self.max_steps and not (
-                        src.checked_through is not None and src.checked_through >= n - 1):
-                    self.check(r, n)
+                        src.checked_through is not None and src.checked_through >= last):
+                    self.check(r, last + 1)
                 self.initial.set()
                 while self.follow and not self.stop.is_set():
                     # A trace another process writes: check each new step as it is committed.
                     closed = r.is_closed()
-                    n = r.wait_for_steps(self._fed, 0.3)
+                    r.wait_for_steps(self._fed, 0.3)
+                    last = _last(r)
                     if self.auto_check and src.checked_through is None:
-                        self.check(r, n)
+                        self.check(r, last + 1)
                     else:
                         src.violations.add(r.violations())
-                    if closed and self._fed >= n - 1:
+                    if closed and self._fed >= last:
                         break
         except Exception as e:  # noqa: BLE001 - shown in the status line; the viewer keeps working
             self.error = f"{type(e).__name__}: {e}"
@@ -384,7 +457,7 @@ class BackgroundLoader:
             self.done.set()
 
     def check(self, r: TraceReader, stop: int) -> list[Violation]:
-        """Feed steps up to `stop` to the streaming checker; returns the violations it added."""
+        """Feed the steps with index < `stop` to the streaming checker; returns the violations it added."""
         from specscope.tracer.checks import Checker
 
         if self._checker is None:
@@ -401,3 +474,9 @@ class BackgroundLoader:
             self._fed = st.index
             src.tui_checked_through = st.index
         return new
+
+
+def _last(r: TraceReader) -> int:
+    """The highest step index committed (-1 without steps)."""
+    last = r.last_index()
+    return -1 if last is None else last

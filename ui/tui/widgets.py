@@ -73,7 +73,8 @@ def step_header_text(width: int) -> str:
 
 
 class StepList(ScrollView, can_focus=True):
-    """Virtualized list of every step: only the visible rows' summaries are ever fetched."""
+    """Virtualized list of every step: only the visible rows' summaries are ever fetched. Rows are positions
+    (0..n-1); the step in a row is `source.index_at(row)`, which a bundle's original numbering makes differ."""
 
     BINDINGS = [
         Binding("j,down", "app.next_step", "next", show=False),
@@ -113,7 +114,7 @@ class StepList(ScrollView, can_focus=True):
             self.scroll_to(y=max(0, self.cursor - h // 2), animate=False, immediate=True)
 
     def set_cursor(self, i: int) -> None:
-        """Move the highlight to step i and keep it in view (centred when it jumps); without a scroll only the
+        """Move the highlight to row i and keep it in view (centred when it jumps); without a scroll only the
         two rows that changed are redrawn."""
         old, self.cursor = self.cursor, i
         h = max(1, self.size.height - 1)
@@ -128,15 +129,20 @@ class StepList(ScrollView, can_focus=True):
 
     def action_page(self, n: int) -> None:
         """Move the cursor one screen."""
-        self.app.move_to(self.cursor + n * max(1, self.size.height - 2))  # type: ignore[attr-defined]
+        row = self.cursor + n * max(1, self.size.height - 2)
+        row = max(0, min(self.source.num_steps() - 1, row))
+        i = self.source.index_at(row)
+        if i is not None:
+            self.app.move_to(i)  # type: ignore[attr-defined]
 
     def render_line(self, y: int) -> Strip:
         """Header on line 0, then one summary per line."""
         width = self.size.width
         if y == 0:
             return Strip([Segment(step_header_text(width).ljust(width)[:width], _S_HEAD)], width)
-        i = int(self.scroll_offset.y) + y - 1
-        s = self.source.summary(i)
+        row = int(self.scroll_offset.y) + y - 1
+        i = self.source.index_at(row)
+        s = None if i is None else self.source.summary(i)
         if s is None:
             return Strip.blank(width)
         nv = self.source.num_violations(s)
@@ -149,7 +155,7 @@ class StepList(ScrollView, can_focus=True):
             style = Style(color="#87d7ff")
         elif s.model == "draft":
             style = Style(color="#d7d7af")
-        if i == self.cursor:
+        if row == self.cursor:
             style = style + _S_CURSOR
         return Strip([Segment(text, style)], width)
 
@@ -157,8 +163,8 @@ class StepList(ScrollView, can_focus=True):
         """Pick the clicked row."""
         off = event.get_content_offset(self)
         if off is not None and off.y >= 1:
-            i = int(self.scroll_offset.y) + off.y - 1
-            if 0 <= i < self.source.num_steps():
+            i = self.source.index_at(int(self.scroll_offset.y) + off.y - 1)
+            if i is not None:
                 self.post_message(self.Picked(i))
 
 
@@ -176,19 +182,19 @@ class Timeline(TextPane):
         self._cache: dict[int, list[SpanRow]] = {}
         self.current = 0
 
-    def spans_for(self, a: int, b: int) -> dict[int, list[SpanRow]]:
-        """Spans per step of [a, b), fetched once per step (only the steps not seen yet)."""
-        missing = [i for i in range(a, b) if i not in self._cache]
+    def spans_for(self, steps: Sequence[int]) -> dict[int, list[SpanRow]]:
+        """Spans per step of `steps` (ascending indexes), fetched once per step (only the steps not seen yet)."""
+        missing = [i for i in steps if i not in self._cache]
         if missing:
             lo, hi = missing[0], missing[-1] + 1
-            got: dict[int, list[SpanRow]] = {i: [] for i in range(lo, hi)}
+            got: dict[int, list[SpanRow]] = {i: [] for i in missing}
             for sp in self.source.reader.spans(steps=(lo, hi)):
                 got.setdefault(sp.step, []).append(sp)
             self._cache.update(got)
             if len(self._cache) > 512:
-                for k in sorted(self._cache, key=lambda k: abs(k - a))[256:]:
+                for k in sorted(self._cache, key=lambda k: abs(k - steps[0]))[256:]:
                     del self._cache[k]
-        return {i: self._cache.get(i, []) for i in range(a, b)}
+        return {i: self._cache.get(i, []) for i in steps}
 
     def show(self, i: int) -> None:
         """Redraw around step i."""
@@ -207,8 +213,11 @@ class Timeline(TextPane):
             self.update("no steps yet")
             return
         half = 4 if width < 60 else 8
-        a, b = max(0, self.current - half), min(n, self.current + half + 1)
-        per = self.spans_for(a, b)
+        # Neighbours by row, within the run of consecutive indexes: steps across a bundle's gap (the captures it
+        # adds before its range) lie far apart in time and would squeeze the window to a line.
+        steps = self.source.around(self.current, half, contiguous=True) or [self.current]
+        a, b = steps[0], steps[-1] + 1
+        per = self.spans_for(steps)
         sums = {s.index: s for s in self.source.summaries(a, b)}
         t0 = min([s.start_ns for s in sums.values()] + [sp.start_ns for v in per.values() for sp in v])
         t1 = max([s.end_ns for s in sums.values()] + [sp.end_ns for v in per.values() for sp in v])
@@ -216,7 +225,7 @@ class Timeline(TextPane):
         scale = max(1, t1 - t0) / lane_w
         # Per lane, the step drawn in each cell (-1: empty); then one run per stretch of equal cells.
         lanes = {name: [-1] * lane_w for name in ("plan", "comp", "host")}
-        for i in range(a, b):
+        for i in steps:
             rows = [(("plan" if sp.stream == "plan" else "comp" if sp.stream == "compute" else "host"),
                      sp.start_ns, sp.end_ns) for sp in per.get(i, [])]
             s = sums.get(i)

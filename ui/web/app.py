@@ -184,9 +184,9 @@ class Dashboard:
         r = parse_route(pathname, search, tuple(self.sources))
         src = self.source(r.trace)
         if r.page == "step":
-            n = src.num_steps()
-            if r.step is None or r.step >= n:
-                raise RouteError(f"no step {r.step}: the trace has {n} steps (0–{n - 1})")
+            # /step/N names the step by its index: a bundle keeps the original run's numbers (they skip).
+            if r.step is None or not src.has(r.step):
+                raise RouteError(f"no step {r.step}: the trace has {src.num_steps()} steps ({src.steps_text()})")
             if r.params:
                 return pages.step_page(src, r.step, r.params)
             return self.step_page(src, r.step)
@@ -214,8 +214,9 @@ class Dashboard:
                     page = self._ahead.pop(key, None)
             if page is None:
                 page = pages.step_page(src, i, {})
-        if i + 1 < src.num_steps():
-            self._build_ahead(src, i + 1)
+        nxt = src.neighbour(i, 1)
+        if nxt > i:
+            self._build_ahead(src, nxt)
         return page
 
     def _build_ahead(self, src: TraceSource, i: int) -> None:
@@ -244,7 +245,8 @@ def _nav(d: Dashboard) -> html.Header:
         links.append(dcc.Link("Compare", href="/compare", id="nav-compare"))
     a = d.sources["a"]
     return html.Header([html.Span("specscope", className="title"), *links,
-                        dcc.Link(f"step 0 of {os.path.basename(a.path)}", href=step_href(0), id="nav-step"),
+                        dcc.Link(f"step {a.first_index()} of {os.path.basename(a.name)}", href=step_href(a.first_index()),
+                                 id="nav-step"),
                         html.Span(_live_text(d), id="live-status")])
 
 
@@ -370,8 +372,8 @@ def _register(app: Dash, d: Dashboard) -> None:
         if not isinstance(value, list) or len(value) != 2:
             raise InputError("the step range must be two step indexes")
         src = d.source("a")
-        n = src.num_steps()
-        lo, hi = _int(value[0], "range start", 0, n), _int(value[1], "range end", 0, n)
+        top = max(src.last_index() + 1, 0)  # the slider runs over step indexes (a bundle's start late and skip)
+        lo, hi = _int(value[0], "range start", 0, top), _int(value[1], "range end", 0, top)
         w = pages.timeline_window(src, min(lo, hi), max(lo, hi) + 1, overview=False)
         shade = dash.Patch()  # only the shaded window moves: not the whole overview (~250 KB) again
         shade["layout"]["shapes"] = [w["window"]]
@@ -381,14 +383,15 @@ def _register(app: Dash, d: Dashboard) -> None:
                   prevent_initial_call=True)
     @_safe(lambda m: no_update)
     def recentre(click: object, value: object) -> Any:
-        n = d.source("a").num_steps()
+        src = d.source("a")
+        first, last = src.first_index(), src.last_index()  # indexes, as the slider's
         x = _clicked_step({"points": [{"x": round(click["points"][0]["x"])}]} if isinstance(click, dict)  # type: ignore[index]
                           and click.get("points") else click)
         width = 100
         if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
             width = max(1, min(pages.MAX_WINDOW, value[1] - value[0] + 1))
-        lo = max(0, min(x - width // 2, n - width))
-        return [lo, min(n - 1, lo + width - 1)]
+        lo = max(first, min(x - width // 2, last + 1 - width))
+        return [lo, min(last, lo + width - 1)]
 
     # In the browser: a click on a Gantt bar or an overlap point opens its step without a round trip (Dash would
     # also call a server callback once for nothing when the timeline appears). The step page checks the number.
@@ -402,7 +405,9 @@ def _register(app: Dash, d: Dashboard) -> None:
         if not isinstance(where, dict):
             raise InputError("malformed step reference")
         src = d.source(str(where.get("trace")))
-        i = _int(where.get("step"), "step", 0, max(0, src.num_steps() - 1))
+        i = _int(where.get("step"), "step", 0, max(0, src.last_index()))
+        if not src.has(i):
+            raise InputError(f"no step {i} (the trace has {src.steps_text()})")
         if not isinstance(click, dict) or not isinstance(click.get("points"), list) or not click["points"]:
             raise InputError("malformed click")
         p = click["points"][0]

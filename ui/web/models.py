@@ -69,13 +69,14 @@ def bin_series(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS, bins:
 
 
 def step_durations(cols: Columns, start: int = 0, stop: int | None = None) -> dict[str, Series]:
-    """Host duration per step in µs, one series per forward mode; beyond MAX_POINTS steps in all, every mode is
-    binned (so the overview carries at most NUM_BINS points per series whatever the mix of modes)."""
-    stop = len(cols) if stop is None else min(stop, len(cols))
-    idx = np.arange(start, stop)
-    dur = (cols.end_ns[start:stop] - cols.start_ns[start:stop]) / 1e3
-    mode = cols.mode[start:stop]
-    limit = 0 if stop - start > MAX_POINTS else MAX_POINTS
+    """Host duration per step in µs over step index (`start`, `stop`: an index range), one series per forward mode;
+    beyond MAX_POINTS steps in all, every mode is binned (so the overview carries at most NUM_BINS points per series
+    whatever the mix of modes)."""
+    sl = cols.rows(start, stop)
+    idx = cols.index[sl]  # a bundle's indexes skip: x is the step's own number, never its row
+    dur = (cols.end_ns[sl] - cols.start_ns[sl]) / 1e3
+    mode = cols.mode[sl]
+    limit = 0 if len(idx) > MAX_POINTS else MAX_POINTS
     out = {}
     for code, name in enumerate(MODES):
         sel = mode == code
@@ -190,8 +191,8 @@ def verify_mask(cols: Columns) -> np.ndarray:
 
 
 def acceptance(cols: Columns, start: int = 0, stop: int | None = None) -> AcceptanceStats:
-    """Acceptance statistics of the verify steps in [start, stop) (views.acceptance_from_histogram)."""
-    sl = slice(start, len(cols) if stop is None else stop)
+    """Acceptance statistics of the verify steps with start <= index < stop (views.acceptance_from_histogram)."""
+    sl = cols.rows(start, stop)
     m = verify_mask(cols)[sl]
     h = cols.accept_hist[sl][m]
     rows_per_step = h.sum(axis=1)
@@ -208,7 +209,7 @@ def mean_accept_per_step(cols: Columns) -> Series:
     h = cols.accept_hist[m].astype(np.float64)
     lengths = np.arange(h.shape[1])
     mean = (h * lengths).sum(axis=1) / h.sum(axis=1)
-    return bin_series(np.nonzero(m)[0], mean)
+    return bin_series(cols.index[m], mean)
 
 
 @dataclass(frozen=True)

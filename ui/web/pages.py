@@ -75,19 +75,29 @@ def _fmt_share(x: float | None) -> str:
 
 
 def default_window(src: TraceSource) -> tuple[int, int]:
-    """The first window: the first DEFAULT_WINDOW steps, or the last ones of a live trace (it follows)."""
+    """The first window [lo, hi) of step indexes: the first DEFAULT_WINDOW steps, or the last ones of a live trace
+    (it follows). Counted in steps, not indexes: a bundle keeps the original run's numbers, which skip."""
     n = src.num_steps()
+    if n == 0:
+        return 0, 0
     if src.is_live():
-        return max(0, n - DEFAULT_WINDOW), n
-    return 0, min(n, DEFAULT_WINDOW)
+        return src.index_at(n - DEFAULT_WINDOW), src.last_index() + 1
+    return src.first_index(), src.index_at(DEFAULT_WINDOW - 1) + 1
 
 
-def clamp_window(lo: int, hi: int, n: int) -> tuple[int, int, bool]:
-    """[lo, hi) clamped to the trace and to MAX_WINDOW steps; the flag says it was cut."""
-    lo = max(0, min(int(lo), max(n - 1, 0)))
-    hi = max(lo + 1, min(int(hi), n))
-    cut = hi - lo > MAX_WINDOW
-    return lo, (lo + MAX_WINDOW if cut else hi), cut
+def clamp_window(lo: int, hi: int, n: int, src: TraceSource | None = None) -> tuple[int, int, bool]:
+    """[lo, hi) of step indexes clamped to the trace and to MAX_WINDOW steps; the flag says it was cut. `n` is
+    the number of steps; `src` (when given) knows the indexes a trace holds, which a bundle's make skip."""
+    first, last = (0, n - 1) if src is None else (src.first_index(), src.last_index())
+    lo = max(first, min(int(lo), max(last, first)))
+    hi = max(lo + 1, min(int(hi), last + 1))
+    if src is None:
+        cut = hi - lo > MAX_WINDOW
+        return lo, (lo + MAX_WINDOW if cut else hi), cut
+    a, b = src.positions.first_at_or_after(lo), src.positions.first_at_or_after(hi)  # rows of the window
+    lo = src.index_at(a)
+    cut = b - a > MAX_WINDOW
+    return lo, (src.index_at(a + MAX_WINDOW - 1) + 1 if cut else hi), cut
 
 
 def loading_note(*sources: TraceSource) -> list[html.Div]:
@@ -110,7 +120,7 @@ def timeline_window(src: TraceSource, lo: int, hi: int, wait: float = WAIT_S,
     """Figures and texts of the timeline for the step window [lo, hi) (`wait`: for summaries still loading);
     without `overview`, its "window" entry is the shaded window's shape alone (the overview stays as drawn)."""
     n = src.num_steps()
-    lo, hi, cut = clamp_window(lo, hi, n)
+    lo, hi, cut = clamp_window(lo, hi, n, src)
     spans = src.spans(lo, hi)
     rows, gaps = models.step_streams(spans)
     tot = models.stream_totals(rows, gaps)
@@ -143,7 +153,9 @@ def timeline_page(src: TraceSource) -> html.Div:
         return html.Div([html.H2("Timeline"), html.P("the trace has no steps yet", id="tl-empty")])
     lo, hi = default_window(src)
     w = timeline_window(src, lo, hi)
-    marks = {int(round(k * (n - 1) / 4)): str(int(round(k * (n - 1) / 4))) for k in range(5)}
+    # The slider runs over step indexes (a bundle's start late): its marks are the steps at its quarters.
+    first, last = src.first_index(), src.last_index()
+    marks = {j: str(j) for j in (src.index_at(round(k * (n - 1) / 4)) for k in range(5))}
     return html.Div([
         html.H2("Timeline"),
         html.P(_trace_line(src), className="muted"),
@@ -151,7 +163,7 @@ def timeline_page(src: TraceSource) -> html.Div:
         graph("tl-overview", w["overview"]),
         html.Div([
             html.Label("step range"),
-            dcc.RangeSlider(id="tl-range", min=0, max=max(n - 1, 1), step=1, value=[lo, max(lo, hi - 1)],
+            dcc.RangeSlider(id="tl-range", min=first, max=max(last, first + 1), step=1, value=[lo, max(lo, hi - 1)],
                             marks=marks, allowCross=False, updatemode="mouseup",
                             tooltip={"placement": "bottom", "always_visible": False}),
         ], className="slider"),
@@ -165,8 +177,13 @@ def timeline_page(src: TraceSource) -> html.Div:
 def _trace_line(src: TraceSource) -> str:
     run = src.run
     live = "live" if src.is_live() else "closed"
-    return (f"{os.path.basename(src.path)} · {src.num_steps()} steps ({live}) · {run.device} · "
+    return (f"{os.path.basename(src.name)} · {src.num_steps()} steps{_of_steps(src)} ({live}) · {run.device} · "
             f"kernel {run.attention_kernel} · target {run.target_model} · draft {run.draft_model or '-'}")
+
+
+def _of_steps(src: TraceSource) -> str:
+    """` (steps 2, 5, 30–59)` for a trace whose indexes do not run 0..n-1 (a bundle's), else nothing."""
+    return "" if src.positions.dense else f" ({src.steps_text()})"
 
 
 # -- step explorer -------------------------------------------------------------------------------------------
@@ -220,12 +237,15 @@ def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Di
     # A column is a logical page only for the page-table arrays; other arrays' cells highlight the whole row.
     col = params.get("col") if params.get("array") in (None, "page_table", "req_to_token_page_starts") else None
     grid = views.page_grid(step)
+    # Neighbours by position: a bundle keeps the original run's step numbers, so the step before 30 can be 11.
+    prev, nxt = src.neighbour(i, -1), src.neighbour(i, 1)
+    pos = f"step {i} of {n}" if src.positions.dense else f"step {i} ({src.position(i) + 1} of {n})"
     nav = html.Div([
-        dcc.Link("◀ prev", id="step-prev", href=step_href(max(0, i - 1), key), className="btn"
-                 + (" disabled" if i == 0 else "")),
-        html.Span(f"step {i} of {n}", id="step-pos"),
-        dcc.Link("next ▶", id="step-next", href=step_href(min(n - 1, i + 1), key), className="btn"
-                 + (" disabled" if i >= n - 1 else "")),
+        dcc.Link("◀ prev", id="step-prev", href=step_href(prev, key), className="btn"
+                 + (" disabled" if prev >= i else "")),
+        html.Span(pos, id="step-pos"),
+        dcc.Link("next ▶", id="step-next", href=step_href(nxt, key), className="btn"
+                 + (" disabled" if nxt <= i else "")),
         html.Span(views.step_label(step), className="step-label"),
         *([dcc.Link(f"capture step {cap}", href=step_href(cap, key), className="btn")] if cap not in (None, i) else []),
         html.Span("keys: ← → step", className="muted"),
@@ -344,7 +364,7 @@ def acceptance_stats_rows(stats: dict[str, views.AcceptanceStats]) -> tuple[list
 def per_request(src: TraceSource, cols: Columns) -> tuple[list[models.GroupRow], str]:
     """Mean accept length per request, from (at most MAX_REQUEST_SCAN of the latest) verify steps in `cols` (the
     summary columns the rest of the page was built from)."""
-    idx = [int(i) for i in models.verify_mask(cols).nonzero()[0]]
+    idx = [int(i) for i in cols.index[models.verify_mask(cols)]]  # step indexes, not rows
     note = ""
     if len(idx) > MAX_REQUEST_SCAN:
         note = f" (the last {MAX_REQUEST_SCAN} of {len(idx)} verify steps)"
@@ -388,7 +408,7 @@ def acceptance_page(sources: dict[str, TraceSource]) -> html.Div:
 
 
 def _name(src: TraceSource) -> str:
-    return f"{src.key.upper()}: {os.path.basename(src.path)}"
+    return f"{src.key.upper()}: {os.path.basename(src.name)}"
 
 
 # -- violations ----------------------------------------------------------------------------------------------
@@ -490,8 +510,8 @@ def compare_page(a: TraceSource, b: TraceSource | None, report: object | None) -
                                                     "traces", id="cmp-none")], id="compare-page")
     rep = report
     na, nb = _name(a), _name(b)
-    faults = [("A", f"{a.path} ({a.num_steps()} steps; faults: {', '.join(rep.a_faults) or 'none'})"),  # type: ignore[attr-defined]
-              ("B", f"{b.path} ({b.num_steps()} steps; faults: {', '.join(rep.b_faults) or 'none'})")]  # type: ignore[attr-defined]
+    faults = [("A", f"{a.name} ({a.num_steps()} steps; faults: {', '.join(rep.a_faults) or 'none'})"),  # type: ignore[attr-defined]
+              ("B", f"{b.name} ({b.num_steps()} steps; faults: {', '.join(rep.b_faults) or 'none'})")]  # type: ignore[attr-defined]
     blocks = []
     if rep.first is not None:  # type: ignore[attr-defined]
         blocks.append(divergence_block("First diverging step", rep.first, "cmp-first"))  # type: ignore[attr-defined]

@@ -10,11 +10,13 @@ shows.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 from specscope.tracer.errors import TraceError
+from specscope.tracer.query import StepIndex
 from specscope.tracer.schema import ForwardMode, GraphPhase, Severity, Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
 
@@ -29,8 +31,10 @@ CONTEXT_STEPS = 24  # steps (a few iterations) the per-step checker replays befo
 
 @dataclass
 class Columns:
-    """Summary table of a trace as numpy columns (row i is step i; steps are dense from 0)."""
+    """Summary table of a trace as numpy columns, one row per step in index order. `index` is each row's step
+    index: row i is step i in a recorded trace, not in a bundle (it keeps the original run's numbers)."""
 
+    index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     iteration: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     mode: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))  # index into MODES
     model: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))  # 0 target, 1 draft, 2 other
@@ -44,6 +48,10 @@ class Columns:
     num_errors: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     num_warnings: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     accept_hist: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), np.int32))  # [step, L]
+
+    def __post_init__(self) -> None:
+        if len(self.index) != len(self.iteration):  # built without indexes: a dense trace's rows are its indexes
+            self.index = np.arange(len(self.iteration), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.iteration)
@@ -60,6 +68,7 @@ class Columns:
                 hist[i, : len(h)] = h
         model = {"target": 0, "draft": 1}
         return cls(
+            index=np.array([s.index for s in rows], np.int64),
             iteration=np.array([s.iteration for s in rows], np.int64),
             mode=np.array([MODES.index(s.mode.value) for s in rows], np.int8),
             model=np.array([model.get(s.model, 2) for s in rows], np.int8),
@@ -86,7 +95,14 @@ class Columns:
         return Columns(**out, accept_hist=np.concatenate([pad(self.accept_hist), pad(more.accept_hist)]))
 
 
-_COLUMN_FIELDS = ("iteration", "mode", "model", "batch_size", "padded_batch_size", "graph", "tokens_per_request",
+    def rows(self, start: int, stop: int | None = None) -> slice:
+        """The rows of the steps with start <= index < stop."""
+        a = int(np.searchsorted(self.index, start, side="left"))
+        b = len(self) if stop is None else int(np.searchsorted(self.index, stop, side="left"))
+        return slice(a, max(a, b))
+
+
+_COLUMN_FIELDS = ("index", "iteration", "mode", "model", "batch_size", "padded_batch_size", "graph", "tokens_per_request",
                   "num_draft_tokens", "start_ns", "end_ns", "num_errors", "num_warnings")
 
 
@@ -95,7 +111,7 @@ class ViolationState:
     """The violations a page can show, and how far they are complete."""
 
     violations: tuple[Violation, ...]
-    checked_steps: int  # steps 0 .. checked_steps-1 are covered
+    checked_steps: int  # how many steps are covered (the first ones, in index order)
     num_steps: int
     source: str  # "trace" (stored by the recorder or `check --write`) or "dashboard" (the checker run here)
 
@@ -111,12 +127,15 @@ class TraceSource:
         self.key = key
         self.reader = TraceReader(path)
         self.path = self.reader.path  # a bundle's private trace.db copy: the loader opens the same file
+        self.name = self.reader.display_path  # what pages call it: the .zip of a bundle, not that copy
         self.run = self.reader.run
+        # Step URLs and ranges are indexes; this maps them to positions (a bundle's start late and skip).
+        self.positions = StepIndex(self.reader)
         self._lock = threading.RLock()
         self._steps: collections.OrderedDict[int, Step] = collections.OrderedDict()
         self.cols = Columns()
         self._reader_closed = False
-        self._n = self.reader.num_steps()
+        self._n = len(self.positions)
         self._closed = self.reader.is_closed()
         self._chunk = max(1, int(chunk))
         self._cv = threading.Condition()  # guards cols / _n / _stop / _load_error for the loader
@@ -127,7 +146,8 @@ class TraceSource:
         self._checker_lock = threading.Lock()
         self._checker: object | None = None
         self._checked: list[Violation] = []
-        self._checked_steps = 0
+        self._checked_steps = 0  # steps the dashboard's checker has judged ...
+        self._checked_next = 0  # ... all of those with an index below this
         self._window: tuple[object, int] | None = None  # (checker, last step fed) of the per-step checks
         if background:
             self._loader = threading.Thread(target=self._load_loop, name=f"specscope-web-load-{key}", daemon=True)
@@ -144,11 +164,16 @@ class TraceSource:
             self.cols = more if have == 0 else self.cols.extend(more)
             self._cv.notify_all()
 
+    def _next_rows(self, reader: TraceReader, have: int, want: int) -> list[StepSummary]:
+        """Up to want - have summary rows after the last one loaded (by index: a bundle's skip)."""
+        after = int(self.cols.index[-1]) + 1 if have else 0
+        return list(itertools.islice(reader.iter_summaries(after), max(0, want - have)))
+
     def _load_with(self, reader: TraceReader, want: int) -> None:
         """Load summary rows up to `want` in chunks (the caller holds whatever lock `reader` needs)."""
         while len(self.cols) < want:
             have = len(self.cols)
-            rows = reader.summaries(have, min(want, have + self._chunk))
+            rows = self._next_rows(reader, have, min(want, have + self._chunk))
             if not rows:
                 raise TraceError(f"has no summary rows from step {have} on ({want} steps counted)", self.path)
             self._append(rows, have)
@@ -166,7 +191,7 @@ class TraceSource:
                     have, want = len(self.cols), min(self._n, len(self.cols) + self._chunk)
                 if reader is None:
                     reader = TraceReader(self.path)
-                rows = reader.summaries(have, want)
+                rows = self._next_rows(reader, have, want)
                 if not rows:
                     raise TraceError(f"has no summary rows from step {have} on ({want} steps counted)", self.path)
                 self._append(rows, have)
@@ -218,7 +243,7 @@ class TraceSource:
         with self._lock:
             if self._reader_closed:
                 return False
-            n = self.reader.num_steps()
+            n = self.positions.refresh()
             closed = self.reader.is_closed()
         with self._cv:
             grew = n > self._n
@@ -242,6 +267,35 @@ class TraceSource:
     def num_steps(self) -> int:
         """Steps the trace holds (as of the last refresh)."""
         return self._n
+
+    def first_index(self) -> int:
+        """The lowest step index (0 without steps)."""
+        return self.positions.first() or 0
+
+    def last_index(self) -> int:
+        """The highest step index (-1 without steps)."""
+        last = self.positions.last()
+        return -1 if last is None else last
+
+    def has(self, i: int) -> bool:
+        """Whether the trace holds step `i` (as of the last refresh)."""
+        return self.positions.position(i) is not None
+
+    def neighbour(self, i: int, k: int) -> int:
+        """The index of the step `k` steps after step `i` (k < 0: before), clamped to the trace."""
+        return self.positions.offset(i, k)
+
+    def position(self, i: int) -> int:
+        """The 0-based position of step `i` among the steps (of the nearest held one when not held)."""
+        return self.positions.nearest(i)
+
+    def index_at(self, pos: int) -> int:
+        """The index of the step at position `pos`, clamped to the trace."""
+        return self.positions.at(max(0, min(len(self.positions) - 1, pos)))
+
+    def steps_text(self) -> str:
+        """`steps 0–172`, or for a bundle `steps 2, 5, 30–59` (for messages)."""
+        return self.positions.text()
 
     def is_live(self) -> bool:
         """True while the writer has not closed the trace."""
@@ -299,23 +353,24 @@ class TraceSource:
         if stored or (through is not None and through >= i):
             return stored
         with self._checker_lock:
-            if self._checked_steps > i:
+            if self._checked_next > i:
                 return [v for v in self._checked if v.step == i]
         from specscope.tracer.checks import Checker
 
         with self._checker_lock:
             win = self._window
-            if win is not None and win[1] == i - 1:
-                checker = win[0]  # stepping forward: the checker already holds the state up to i-1
+            if win is not None and self.has(win[1]) and win[1] < i and self.neighbour(win[1], 1) == i:
+                checker = win[0]  # stepping forward: the checker already holds the state up to the step before
                 lo = i
             else:
                 checker = Checker()
                 cap = self.capture_of(i)
-                lo = max(0 if cap is None else cap, i - CONTEXT_STEPS)
+                # CONTEXT_STEPS steps, not indexes: a bundle's skip (the checker starts afresh after a gap)
+                lo = max(0 if cap is None else cap, self.neighbour(i, -CONTEXT_STEPS))
                 if cap is not None and cap < lo:
                     checker.feed(self.step(cap))
             found: list[Violation] = []
-            for j in range(lo, i + 1):
+            for j in self.positions.between(lo, i + 1):
                 found = checker.feed(self.step(j))  # type: ignore[attr-defined]
             self._window = (checker, i)
         return [v for v in found if v.step == i]
@@ -328,18 +383,20 @@ class TraceSource:
             through = self.reader.checked_through()
             stored = self.reader.violations()
         if through is not None or stored:
-            covered = n if through is None else min(n, through + 1)
+            # `through` is an index; the steps up to it are counted by position (a bundle's indexes skip).
+            covered = n if through is None else min(n, len(self.positions.between(0, through + 1)))
             return ViolationState(tuple(stored), covered, n, "trace")
         with self._checker_lock:
             from specscope.tracer.checks import Checker
 
             if self._checker is None:
                 self._checker = Checker()
-            stop = min(n, self._checked_steps + budget_steps)
+            budget = max(0, min(budget_steps, n - self._checked_steps))
             with self._lock:
-                for st in self.reader.steps(self._checked_steps, stop):
+                for st in itertools.islice(self.reader.steps(self._checked_next, None), budget):
                     self._checked.extend(self._checker.feed(st))  # type: ignore[attr-defined]
-            self._checked_steps = stop
+                    self._checked_steps += 1
+                    self._checked_next = st.index + 1
             return ViolationState(tuple(self._checked), self._checked_steps, n, "dashboard")
 
     def close(self) -> None:
