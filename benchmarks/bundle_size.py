@@ -4,12 +4,13 @@ Records (or takes) a trace of `specscope run --device cpu --batch-size 64 --reco
 window of N consecutive steps in which all 64 requests are live (no graph captures, no prefill of a newcomer), and
 bundles it three ways with the same writer:
 
-- `before`: the previous format: attn_q / attn_out / attn_kv widened to float32 (what the recorder stored before it
-  kept the pool's width) and every call's full attn_kv (no delta);
+- `before`: attn_q / attn_out / attn_kv widened to float32 (a recorder that does not keep the pool's width) and
+  every call's full attn_kv (no delta);
 - `width only`: the pool's width, full attn_kv per call;
 - `after`: the pool's width, attn_kv delta-coded per model, byte planes (the default `specscope export --bundle`).
 
-    python benchmarks/bundle_size.py --dtype bfloat16 --out benchmarks/results/bundle_size-bf16.json
+    python benchmarks/bundle_size.py --dtype bfloat16 --out bf16.json   # benchmarks/results/bundle_size.json holds a
+    python benchmarks/bundle_size.py --dtype float32 --out f32.json     # bfloat16 and a float32 run, under one header
     python benchmarks/bundle_size.py --trace T.db          # an existing trace instead of recording one
 """
 
@@ -52,8 +53,8 @@ def full_window(r: TraceReader, n: int, bs: int) -> int:
 
 
 def as_float32_trace(r: TraceReader, start: int, stop: int, out: str) -> None:
-    """The window (and the captures its replays came from) as the previous recorder wrote it: float32 attention
-    tensors, no dtype tag."""
+    """The window (and the captures its replays came from) as a recorder that widens attention writes it: float32
+    attention tensors, no dtype tag."""
     with TraceWriter(out, r.run) as w:
         for new, i in enumerate(bundle_steps(r, start, stop)):
             st = r.step(i)

@@ -52,7 +52,7 @@ class Preset:
 
 
 def presets(quick: bool) -> dict[str, Preset]:
-    """The two model pairs of issue 12; --quick runs shorter requests."""
+    """The two model pairs (tiny, Llama-3-8B shape); --quick runs shorter requests."""
     cfg = HERE / "configs"
     tiny_new, big_new = (64, 32) if quick else (128, 64)
     return {
@@ -73,7 +73,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                  epilog="\n".join(__doc__.splitlines()[2:]))
     ap.add_argument("--quick", action="store_true", help="5 pairs, bs 1 and 64, shorter requests (~3 min)")
     ap.add_argument("--pairs", type=int, default=None,
-                    help="off/on pairs per cell (default 5 quick, 7 full; issue 12 asks >= 5)")
+                    help="off/on pairs per cell (default 5 quick, 7 full; at least 5 for a verdict)")
     ap.add_argument("--models", default="tiny,llama3-8b", help="comma list of: tiny, llama3-8b")
     ap.add_argument("--batch-sizes", default=None, help="comma list (default 1,64 quick, 1,16,64 full)")
     ap.add_argument("--modes", default="spec,decode", help="comma list of: spec (3 draft steps), decode")
@@ -235,7 +235,7 @@ class Bench:
                 kernels.append(iv)
         markers.sort()
         if len(markers) != iterations or marks != iterations:
-            # The engine's progress callback no longer runs once per iteration: no per-iteration split.
+            # The engine's progress callback did not run once per iteration: no per-iteration split.
             note = f"{len(markers)} markers seen, {marks} launched, {iterations} iterations: no GPU times"
             print(f"engine_speed: warning: {note}", file=sys.stderr)
             return dict(gpu_note=note)
@@ -325,7 +325,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"- {doc['pairs']} alternating off/on pairs per cell (ABBA); wall = median of steady iterations per run, "
         "then median [min–max] over runs; GPU = kernel busy time per iteration (profiled run, CUDA activity); "
         "busy share = GPU / wall; tokens/s = batch × accept length / wall.",
-        f"- targets (issue 12): busy share ≥ {TARGETS['busy_share_8b']} at the 8B shape (bs 1 and 64); tiny ≤ "
+        f"- targets: busy share ≥ {TARGETS['busy_share_8b']} at the 8B shape (bs 1 and 64); tiny ≤ "
         f"{TARGETS['tiny_bs1_ms']} ms per iteration at bs 1.", "",
         "| model | bs | mode | fused ops | wall ms | GPU ms | busy share | kernels/iter | tokens/s | accept len "
         "| speedup (off/on) |",

@@ -5,8 +5,8 @@ cell is better read from every measured round of every run of it: median, quarti
 ratios, per (model, bs). Only results whose command and recorder settings match are meant to be pooled; the script
 prints each file's date and command so the reader can see what went in.
 
-    python benchmarks/pool_overhead.py benchmarks/results/tracer_overhead-ec31d1b.json \\
-        benchmarks/results/tracer_overhead_8b_15-ec31d1b.json benchmarks/results/tracer_overhead_8b_25-9a7d958.json
+    python benchmarks/pool_overhead.py benchmarks/results/tracer_overhead.json \\
+        benchmarks/results/tracer_overhead_8b.json
 """
 
 from __future__ import annotations

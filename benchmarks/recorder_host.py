@@ -4,14 +4,14 @@ A traced run of the embedded models (CUDA graphs, or their emulation on the CPU;
 real recorder; every recorder and snapshot call on the engine's thread is timed (`time.perf_counter_ns` around each
 call, nested calls counted once; stamps and the resolve/encode/send calls inside `poll` on their own too), and the
 batches it hands the writer are encoded again afterwards as `write_raw_steps` does (the engine's encoding cost),
-alternating with the pickle of the same batch (arrays as bytes) that sessions 5-7 sent. Per graph replay: median
+alternating with a plain pickle of the same batch (arrays as bytes). Per graph replay: median
 µs of each call, and bytes per step on the pipe. `--device cuda` measures it on a GPU host (real stamps and
 drains). On the CPU every call also runs between CPU kernels (most likely it pays the cold caches they leave): a
 call timed in the run costs 5-7x what it does in a tight loop (`snapshot_host`: 30-40 µs vs 6 µs on the 2-core
 VM). Compare CPU runs of this script with each other (A/B), not with a GPU host's numbers.
 
     python benchmarks/recorder_host.py                 # bs 1 and 16, writes benchmarks/results/recorder_host.json
-    python benchmarks/recorder_host.py --device cuda --out benchmarks/results/recorder_host_cuda.json
+    python benchmarks/recorder_host.py --device cuda --batch-sizes 1 --new-tokens 40   # the committed result: H200 host
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def measure(bs: int, new_tokens: int, device: str = "cpu") -> dict[str, Any]:
     replays = [b for b in batches if all(s["header"]["graph"] == "replay" for s in b)]
     encode_us, pickle_us, sizes = [], [], []
     for b in replays:
-        for _ in range(ENCODE_REPEATS):  # alternating: what write_raw_steps sends (msgpack), and session 7's pickle
+        for _ in range(ENCODE_REPEATS):  # alternating: what write_raw_steps sends (msgpack), and a plain pickle
             t = time.perf_counter_ns()
             data = process_writer.encode_frame("steps", b)
             encode_us.append((time.perf_counter_ns() - t) / 1e3 / len(b))

@@ -243,7 +243,7 @@ def markdown(doc: dict[str, Any]) -> str:
            "ratios (the verdict uses the median), then the ratio of the arms' medians over all measured rounds.",
            "- live check: the traced engine's live checker over every traced round; same tokens: every run of the "
            "cell (all arms and rounds, one workload) generated the same outputs.",
-           f"- target (issue 12): traced / untraced ≤ {TARGET}.", "",
+           f"- target: traced / untraced ≤ {TARGET}.", "",
            "| model | bs | untraced ms | traced ms | profiler ms | traced / untraced: rounds | of medians "
            "| profiler / untraced: rounds | of medians | ≤ 1.02 | live check | same tokens |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -303,7 +303,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--batch-sizes", default="1,16,64")
     ap.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=15,
                     help=f"rounds per cell, each running every arm once (>= 5; the first {WARMUP_ROUNDS} is "
-                         "warm-up). --repeats is the old name")
+                         "warm-up). --repeats is an alias")
     ap.add_argument("--no-plan-stream", action="store_true", help="plan stream off (it is on by default)")
     ap.add_argument("--spec-steps", type=int, default=3)
     ap.add_argument("--no-live-check", action="store_true",

@@ -14,7 +14,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 sys.path.insert(0, str(RESULTS.parent))
 import pool_overhead  # noqa: E402
 
-FILES = [RESULTS / "tracer_overhead-ec31d1b.json", RESULTS / "tracer_overhead_8b_25-9a7d958.json"]
+FILES = [RESULTS / "tracer_overhead.json", RESULTS / "tracer_overhead_8b.json"]
 
 
 def test_every_measured_round_of_every_file_is_pooled(capsys: pytest.CaptureFixture[str]) -> None:
