@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
         from .cmd_tui import launch_live, run_argv
 
-        return launch_live(run_argv(args), args.output, Breakpoints(on_violation=True))
+        # Paused at its first step: the tiny models finish in seconds, before a newcomer could try the live keys.
+        return launch_live(run_argv(args), args.output, Breakpoints(on_violation=True), start_paused=True)
     rc = run_engine(args)
     if rc != 0 or args.no_trace or not os.path.exists(args.output):
         return rc

@@ -70,9 +70,11 @@ def test_demo_opens_the_live_tui_in_a_terminal(tmp_path) -> None:
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", cmd], check=True, env=env,
                    timeout=20)
     try:
-        screen = _wait_for(session, lambda s: ("running" in s or "run finished" in s or "PAUSED" in s)
-                           and "cache_sl" in s, timeout=120)
-        assert "step " in screen and "requests" in screen
+        # It opens paused at the first step, saying which keys drive it; space lets the run go on to its end.
+        screen = _wait_for(session, lambda s: "PAUSED at 0" in s and "cache_sl" in s, timeout=120)
+        assert "step 0/0" in screen and "requests" in screen
+        assert "space run" in screen and "q quit" in screen
+        _tmux("send-keys", "-t", session, "Space")
         _wait_for(session, lambda s: "run finished" in s, timeout=120)
         _tmux("send-keys", "-t", session, "q")
         deadline = time.monotonic() + 60

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from .app import SpecscopeApp
 
 
+# Why a run started paused holds at its first step (the keys to press lead the status line).
+START_PAUSED_REASON = "paused at the first step"
+
+
 class LiveError(Exception):
     """The run could not be started or died before its trace existed; `str()` is one sentence."""
 
@@ -146,6 +150,7 @@ class LiveController:
         self._reader: TraceReader | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._held_once = False  # the engine has paused at least once (a run started paused: at its first step)
         self.events: list[dict[str, Any]] = []  # every event, for tests and the log
 
     # -- start ------------------------------------------------------------------------------------
@@ -227,8 +232,12 @@ class LiveController:
             if kind == "step":
                 self._verdict(int(ev["index"]))
             elif kind == "paused":
+                first = not self._held_once
+                self._held_once = True
                 self.state, self.paused_at = "paused", int(ev["index"])
                 self.reason = self._pending_reason or f"paused after step {ev['index']}"
+                if first and self.start_paused and not self._pending_reason:
+                    self.reason = START_PAUSED_REASON
                 if self.breaks.step is not None and int(ev["index"]) >= self.breaks.step and not self._pending_reason:
                     self.reason = f"breakpoint: step {self.breaks.step}"
                     self.breaks.step = None
@@ -312,6 +321,9 @@ class LiveController:
         """Run freely (breakpoints stay armed)."""
         if self.state == "paused":
             self.channel.send({"cmd": "continue"})
+            if not self._held_once:
+                # Started paused and not held yet: the engine only says "running" when it leaves a hold.
+                self.state = "running"
 
     def step(self) -> None:
         """One forward, then pause."""
@@ -352,13 +364,17 @@ class LiveController:
         return self.state == "running" or self.state == "finished"
 
     def status_text(self, short: bool = False) -> str:
-        """The live part of the status line (`short`: the state alone)."""
+        """The live part of the status line (`short`: the state and its keys)."""
         if short:
-            return {"paused": f"‖ PAUSED at {self.paused_at}", "running": "▶ running",
-                    "finished": "■ run finished"}.get(self.state, "starting…")
+            # The keys of the state come with it: this part leads the status line, so a narrow terminal keeps it.
+            if self.state == "paused":
+                at = "before the first step" if self.paused_at is None else f"at {self.paused_at}"
+                return f"‖ PAUSED {at} · space run · s one step · q quit"
+            return {"running": "▶ running · space pause · q quit",
+                    "finished": "■ run finished · q quit"}.get(self.state, "starting…")
         if self.state == "paused" and self.reason:
-            return f"{self.reason}  [{self.breaks.describe()}]  space run · s step · i iteration · b breaks"
-        return f"[{self.breaks.describe()}]  space pause/run · s step · i iteration · b breaks"
+            return f"{self.reason}  [{self.breaks.describe()}]  i iteration · b breaks · ? help"
+        return f"[{self.breaks.describe()}]  s step · i iteration · b breaks · ? help"
 
     # -- stop -------------------------------------------------------------------------------------
 
