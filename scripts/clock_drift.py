@@ -7,7 +7,7 @@ measures that drift: every `--every` seconds for `--seconds`, the offset is brac
 (`tracer.stamps.bracket_offset`: host reads around a stamp between two synchronizes, the tightest of 5), then a
 least-squares line through the offsets gives the drift in ppm (µs per second) and the residual spread.
 
-    python scripts/clock_drift.py --seconds 120 --every 2 --out benchmarks/results/clock_drift-<commit>.json
+    python scripts/clock_drift.py --seconds 120 --every 2 --out benchmarks/results/clock_drift.json
     python scripts/clock_drift.py --cpu --seconds 2 --every 0.5      # a dry run of the script
 """
 

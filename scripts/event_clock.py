@@ -3,7 +3,7 @@
 The question behind it: what would an eager span cost the host if it were timed by event records instead of stamps?
 
 Why: an eager span (metadata, producers) costs two stamp launches, ~5 µs of `cuLaunchKernel` each on the H200; ten per
-iteration are ~50 µs, the whole 2 % budget of a tiny-model iteration (benchmarks/results/README.md, session 10). A
+iteration are ~50 µs, the whole 2 % budget of a tiny-model iteration (benchmarks/results/README.md, tracer overhead). A
 driver `cuEventRecord` costs less, but the recorder put every GPU span on the %globaltimer clock because the offset
 between the two clocks, measured from the host, brackets only to ~20 µs (stamps.py). This script measures it on the
 GPU instead: while a spin kernel holds the stream, it enqueues pairs (stamp, timing event) back to back, so each

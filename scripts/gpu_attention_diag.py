@@ -4,8 +4,8 @@ and the worst relative error of each group — with draft extend captured and ke
 
     python scripts/gpu_attention_diag.py OUT_DIR
 
-Written to tell a kernel or recording problem of one forward kind from the rest (see benchmarks/results/README.md,
-"Attention diagnosis on the new loop").
+Written to tell a kernel or recording problem of one forward kind from the rest; the H200 output is
+benchmarks/results/gpu_attention_diag.txt.
 """
 
 from __future__ import annotations

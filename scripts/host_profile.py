@@ -3,8 +3,10 @@
 Builds tracer_overhead's "off" and "on" engines for one cell, then alternates whole-workload rounds on them inside
 two named functions (`_rounds_off`, `_rounds_on`), so a sampler's stacks split by arm:
 
-    py-spy record --idle --threads --native -r 1000 -f raw -o prof.txt -- python scripts/host_profile.py tiny:1
+    py-spy record --idle --threads --nonblocking -r 400 -f raw -o prof.txt -- python scripts/host_profile.py tiny:1
     python scripts/host_profile.py --summarize prof.txt      # samples per arm, then the heaviest frames of each
+
+(Blocking sampling slows both arms ~3x; `--native` at 1 kHz falls far behind on the engine's ~30 threads.)
 
 Without a profiler it prints each arm's median steady iteration (ms) per round.
 """

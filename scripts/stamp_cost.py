@@ -1,7 +1,7 @@
 """What a device stamp costs (GPU host): the host time of an eager stamp vs a CUDA event record, and the GPU time two
 stamp nodes add to a captured graph.
 
-    python scripts/stamp_cost.py      # prints; the H200 output is in benchmarks/results/stamp_cost_h200.log
+    python scripts/stamp_cost.py      # prints; the H200 output is benchmarks/results/stamp_cost.log
 """
 
 from __future__ import annotations
