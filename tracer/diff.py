@@ -1,8 +1,8 @@
 """First divergence of two traces of the same workload (e.g. a fault run against its clean run). Torch-free.
 
 Steps are paired by index (a bundle keeps the original run's indexes, so a bundle pairs with the trace it was cut
-from; steps only one side holds are left out). A pair differs in its header (mode, model, draft step, bs, padded bs, graph, T,
-K), its scalars (max_seq_len_q, kernel_q_len, ...), its metadata arrays (values, not device addresses), or its
+from; steps only one side holds are left out). A pair differs in its header (mode, model, draft step, bs, padded bs,
+graph, T, K), its scalars (max_seq_len_q, kernel_q_len, ...), its metadata arrays (values, not device addresses), or its
 requests (ids, seq lens, draft tokens, accepted tokens, accept length). The report names the first diverging
 step, the first diverging forward that is not a graph capture, what differs there, and the acceptance of each
 trace overall — one screen to paste into an issue.

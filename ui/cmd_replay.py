@@ -46,9 +46,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             step = reader.step(args.step)
         except TraceIndexError:
-            known = [s.index for s in reader.iter_summaries()]
-            span = f"steps {known[0]}..{known[-1]}" if known else "no steps"
-            return _fail(f"{args.trace}: has no step {args.step} ({span}, {len(known)} in all)")
+            # By index: a bundle keeps the original run's numbers, so its steps can start late and skip.
+            return _fail(f"{args.trace}: has no step {args.step} ({reader.steps_text()}, {reader.num_steps()} in all)")
         try:  # a bundle's delta-coded KV pages resolve through the earlier calls of this reader
             call = recorded_call(step, fetch=lambda j: reader.step(j, arrays=KV_ARRAYS))
         except NoRecordedCall as e:

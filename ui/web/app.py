@@ -245,8 +245,8 @@ def _nav(d: Dashboard) -> html.Header:
         links.append(dcc.Link("Compare", href="/compare", id="nav-compare"))
     a = d.sources["a"]
     return html.Header([html.Span("specscope", className="title"), *links,
-                        dcc.Link(f"step {a.first_index()} of {os.path.basename(a.name)}", href=step_href(a.first_index()),
-                                 id="nav-step"),
+                        dcc.Link(f"step {a.first_index()} of {os.path.basename(a.name)}",
+                                 href=step_href(a.first_index()), id="nav-step"),
                         html.Span(_live_text(d), id="live-status")])
 
 

@@ -102,8 +102,8 @@ class Columns:
         return slice(a, max(a, b))
 
 
-_COLUMN_FIELDS = ("index", "iteration", "mode", "model", "batch_size", "padded_batch_size", "graph", "tokens_per_request",
-                  "num_draft_tokens", "start_ns", "end_ns", "num_errors", "num_warnings")
+_COLUMN_FIELDS = ("index", "iteration", "mode", "model", "batch_size", "padded_batch_size", "graph",
+                  "tokens_per_request", "num_draft_tokens", "start_ns", "end_ns", "num_errors", "num_warnings")
 
 
 @dataclass(frozen=True)
