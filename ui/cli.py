@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 # The order `specscope --help` lists them in. Planned: "run", "demo", "check", "tui", "web", "export".
 SUBCOMMANDS: list[str] = ["demo", "run", "check", "info", "export", "replay", "diff", "sglang_hook", "web", "tui",
-                          "upgrade"]
+                          "upgrade", "sglang_audit"]
 
 EXIT_OK = 0
 EXIT_UNREADABLE = 2  # also argparse's usage-error code
