@@ -74,6 +74,7 @@ class Target:
     text: str  # the receiver as written (a loop: `x in self.attn_backend_list`)
     options: list[tuple[tuple[str, ...], Value]]  # what the receiver is, under which conditions
     line: int
+    read: dict[str, object] = field(default_factory=dict)  # server arguments that decided it
 
 
 @dataclass
@@ -211,6 +212,11 @@ class Audit:
 
     def _find_base(self) -> ClassRef:
         hits: list[ClassRef] = []
+        # Where every release so far keeps it: checked first, so a narrow question needs no scan of the tree.
+        usual = "sglang.srt.layers.attention.base_attn_backend"
+        info = self.index.module(usual)
+        if info is not None and BASE in info.classes and self.index.method(ClassRef(usual, BASE), METHOD):
+            return ClassRef(usual, BASE)
         for m, text in self.src.texts():
             if f"class {BASE}" in text:
                 info = self.index.module(m)
@@ -233,7 +239,7 @@ class Audit:
     @cached_property
     def subclasses(self) -> list[ClassRef]:
         """Every class of the tree that derives from the base, sorted by file and line."""
-        out = [ref for ref in self._candidate_classes() if ref != self.base and self.base in self.index.mro(ref)]
+        out = [ref for ref in self._candidate_classes() if self.is_subclass(ref)]
         return sorted(out, key=lambda r: (self.src.path(r.module), getattr(self.index.classdef(r), "lineno", 0)))
 
     def _candidate_classes(self) -> list[ClassRef]:
@@ -286,8 +292,19 @@ class Audit:
         return refs
 
     def find_class(self, name: str) -> ClassRef | None:
-        """The audited subclass named `name` (the first one by path when several share it)."""
-        return next((r for r in self.subclasses if r.name == name), None)
+        """The subclass named `name` (the first by path when several share it), found without the full scan."""
+        hits = []
+        for m, text in self.src.texts():
+            if f"class {name}" in text:
+                info = self.index.module(m)
+                if info is not None and name in info.classes and self.is_subclass(ClassRef(m, name)):
+                    hits.append(ClassRef(m, name))
+        hits.sort(key=lambda r: self.src.path(r.module))
+        return hits[0] if hits else None
+
+    def is_subclass(self, ref: ClassRef) -> bool:
+        """Whether `ref` derives from the base class (and is not the base itself)."""
+        return ref != self.base and self.base in self.index.mro(ref)
 
     def definition(self, ref: ClassRef) -> Definition | None:
         """The class body's own definition of the method, classified."""
@@ -353,7 +370,7 @@ class Audit:
                 expr = before[-1].value
                 text = f"{recv.id} = {ast.unparse(expr)}"
             v = ev.value(module, expr, env, fn)
-            out.append(Target(short(text), options(v), call.lineno))
+            out.append(Target(short(text), options(v), call.lineno, dict(ev.consulted)))
         return out
 
     @staticmethod
@@ -460,7 +477,6 @@ class Audit:
     @cached_property
     def call_sites(self) -> list[CallSite]:
         """Calls of the method outside the backends' own forwarding definitions."""
-        audited = set(self.subclasses) | {self.base}
         out: list[CallSite] = []
         for m, text in self.src.texts():
             if METHOD not in text:
@@ -470,8 +486,8 @@ class Audit:
                 continue
             for cls_name, fn, call, guards in _calls_in_module(info.tree):
                 cls = ClassRef(m, cls_name) if cls_name else None
-                if cls is not None and cls in audited:
-                    continue
+                if cls is not None and (cls == self.base or self.is_subclass(cls)):
+                    continue  # a backend forwarding it to its children, not a worker running the fix-up
                 qual = f"{cls_name}.{fn.name}" if cls_name else fn.name
                 out.append(CallSite(self.index.line(m, call), m, qual, cls, guards))
         return out
@@ -999,8 +1015,10 @@ def _land(audit: Audit, ev: Evaluator, node: Node, steps: list[str], depth: int)
     for t in audit._targets(node.cls, eff.node, ev):  # noqa: SLF001 - same module
         for conds, v in t.options:
             kids = list(v.items) if isinstance(v, Seq) else [v]
-            step = f"{here}: forwards to {t.text}" + (f" = {Audit.describe_value(v)}" if not isinstance(v, Unknown)
-                                                       else "") + (f" [when {_conds(conds)}]" if conds else "")
+            decided = ", ".join(f"--{k.replace('_', '-')} {val}" for k, val in t.read.items())
+            step = f"{here}: forwards to {t.text}"
+            step += "" if isinstance(v, Unknown) else f" = {Audit.describe_value(v)}"
+            step += (f" [when {_conds(conds)}]" if conds else "") + (f" [{decided}]" if decided else "")
             for kid in kids:
                 if not isinstance(kid, Child):
                     out.append(Leaf(steps + [step, f"cannot tell what {Audit.describe_value(kid)} is"], None,
@@ -1148,28 +1166,31 @@ COMMON = (("--attention-backend", "trtllm_mha"),
           ("--prefill-attention-backend", "fa3", "--decode-attention-backend", "trtllm_mha"))
 
 
-def plan_stream_warning(environ: dict[str, str] | None = None) -> list[str]:
-    """One or two lines for `sglang-hook install`: the common configurations that raise with the plan stream on,
-    on the installed sglang (empty when none does, or when the installed sglang cannot be audited)."""
+def plan_stream_warning(environ: dict[str, str] | None = None, path: str | None = None) -> list[str]:
+    """At most two lines for `sglang-hook install`: the common configurations that raise at the first verify with
+    the plan stream on, on the installed sglang (or `path`); empty when none does."""
     env = os.environ if environ is None else environ
-    audit = load()
+    audit = load(path)
     value = env.get(PLAN_ENV)
     on = audit.plan_stream_on(value) if value is not None else False
-    bad = []
+    bad: list[str] = []
+    fixes: list[str] = []
     for args in COMMON:
-        cfg = parse_server_command(list(args))
-        cfg.speculative_algorithm = DEFAULT_ALGORITHM
+        cfg = parse_server_command(list(args) + ["--speculative-algorithm", DEFAULT_ALGORITHM])
         cfg.plan_stream = "1"
         try:
-            v = judge(audit, cfg)
+            if judge(audit, cfg).exit_code != EXIT_RAISES:
+                continue
+            bad.append(" ".join(args))
+            cfg.speculative_attention_mode = "decode"
+            if judge(audit, cfg).exit_code == EXIT_SAFE:
+                fixes.append(" ".join(args))
         except AuditInputError:
             continue
-        if v.exit_code == EXIT_RAISES:
-            bad.append(" ".join(args))
     if not bad:
         return []
-    state = f"{PLAN_ENV} is set here" if on else f"with {PLAN_ENV}=1"
-    return [f"specscope: warning: {state}, sglang {audit.version} raises NotImplementedError at the first verify for "
-            f"{'; '.join(bad)}",
-            "specscope: warning: check your server's arguments with `specscope sglang-audit -- <launch command>` "
-            "(docs/sglang.md)"]
+    state = f"{PLAN_ENV} is on here" if on else f"with {PLAN_ENV}=1"
+    fix = " (add --speculative-attention-mode decode)" if fixes == bad else ""
+    return [f"specscope: warning: {state}, sglang {audit.version} raises NotImplementedError at the first verify "
+            f"with {'; '.join(bad)}{fix}",
+            "specscope: warning: check a server's arguments with `specscope sglang-audit -- <launch command>`"]

@@ -189,6 +189,7 @@ class Evaluator:
         self._steps = 0
         self._self_attr_stack: set[tuple[ClassRef, str]] = set()
         self._value_stack: set[tuple[str, str]] = set()
+        self.consulted: dict[str, object] = {}  # the server arguments the last evaluation read
 
     # -- entry points ----------------------------------------------------------------------------------------
 
@@ -196,6 +197,7 @@ class Evaluator:
             kwargs: dict[str, Value] | None = None, bound: Value | None = None) -> list[Outcome]:
         """Every path through `fn` called with these arguments (`bound`: its `self` / `cls`)."""
         self._steps = 0
+        self.consulted = {}
         try:
             return self._call(module, fn, args or [], kwargs or {}, bound, 0)
         except _OutOfBudget:
@@ -205,6 +207,7 @@ class Evaluator:
               fn: ast.FunctionDef | ast.AsyncFunctionDef | None = None) -> Value:
         """The value of `expr` in `module` (inside `fn`, with `env` bound), raising paths left out."""
         self._steps = 0
+        self.consulted = {}
         try:
             return self._eval(expr, _State(dict(env or {}), ()), _Frame(module, fn), 0)
         except _Raise as r:
@@ -534,11 +537,15 @@ class Evaluator:
         if isinstance(base, SelfObj):
             v = self._self_attr(base.cls, e.attr, depth)
             if isinstance(v, Unknown) and e.attr in self.config:
-                return Const(self.config[e.attr])
+                return self._config(e.attr)
             return v
         if e.attr in self.config:
-            return Const(self.config[e.attr])  # a server argument, read through whatever object carries it
+            return self._config(e.attr)  # a server argument, read through whatever object carries it
         return Unknown(text)
+
+    def _config(self, name: str) -> Const:
+        self.consulted[name] = self.config[name]
+        return Const(self.config[name])
 
     def _members(self, cls: ClassRef) -> set[str]:
         cdef = self.index.classdef(cls)

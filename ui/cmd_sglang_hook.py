@@ -3,7 +3,8 @@
 `install` writes one `.pth` file into site-packages (see `specscope.integrations.sglang_hook`); with it in
 place, any Python process of that environment started with `SPECSCOPE_TRACE=PATH` records every forward SGLang's
 TRTLLM MHA backend prepares into PATH. Without the variable the hook does nothing. docs/sglang.md has the
-commands for a server.
+commands for a server. `install` also audits that sglang statically (`specscope sglang-audit`) and warns when a
+common configuration would raise at its first verify with the overlap plan stream on.
 """
 
 from __future__ import annotations
@@ -34,6 +35,21 @@ def _error(msg: str) -> None:
     print(f"specscope: error: {msg}", file=sys.stderr)
 
 
+def _plan_stream_warning(site: Path) -> None:
+    # The sglang this hook will record, audited statically (about a second, no torch): with the overlap plan
+    # stream on, a server whose verify lands on a backend without the fix-up hook dies at its first verify. The
+    # install has succeeded whatever the audit says, so an sglang it cannot read is passed over in silence.
+    try:
+        from specscope.integrations.sglang_audit import plan_stream_warning
+
+        # The sglang beside the .pth when that site-packages holds one, else the one this interpreter imports.
+        lines = plan_stream_warning(path=str(site) if (site / "sglang").is_dir() else None)
+    except Exception:  # noqa: BLE001 - never fail or clutter the install because of the audit
+        return
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     """Install, remove or report the hook; exit 0 on success (status: 0 installed, 1 not installed)."""
     from specscope.integrations.sglang_hook import ENV, PTH_LINE, PTH_NAME
@@ -51,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         print(f"installed {pth}")
         print(f"record a server with: {ENV}=/tmp/sglang-{{pid}}.db python -m sglang.launch_server ...")
+        _plan_stream_warning(site)
         return EXIT_OK
     if args.action == "uninstall":
         if not pth.exists():
