@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Why a fault may not fire, and what to try: `specscope check` prints it for a fault that never fired, and reading
+# a trace never imports the engine, so the table lives in the tracer; re-exported beside the faults it describes.
+from ..tracer.fault_hints import FAULT_HINTS as FAULT_HINTS
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -56,23 +60,6 @@ FAULT_SETTINGS: dict[str, dict[str, object]] = {
     "missing-fixup-hook": {"plan_stream": True},
     "wild-page-id": {},
 }
-
-# Why a fault may not fire in a run, and what to try (`specscope check` prints it for a fault that never fired).
-FAULT_HINTS: dict[str, tuple[str, str]] = {
-    "max-seq-len-q-override": ("the override changes nothing while the verify runner's tokens per request T equal "
-                               "the backend's K", "--verify-tokens 2 --spec-steps 3 with CUDA graphs"),
-    "zero-cache-seqlens-at-capture": ("it acts at draft-decode graph capture only",
-                                      "--cuda-graph and --spec-steps >= 2"),
-    "draft-extend-capture-q-len": ("it acts at draft-extend graph capture only", "--cuda-graph and --spec-steps >= 1"),
-    "stale-page-table": ("it acts on graph replays that read at least one page-table column",
-                         "--cuda-graph and enough new tokens for requests to cross pages (--page-size 16)"),
-    "padded-row-seqlen": ("it acts only on replays with padded rows (live batch smaller than the captured size)",
-                          "--batch-size 6 --requests 10, so batch sizes fall between captured sizes"),
-    "no-plan-wait": ("it acts on speculative iterations with the plan stream", "--plan-stream --spec-steps 3"),
-    "missing-fixup-hook": ("the hook is called only under the plan stream", "--plan-stream --spec-steps 3"),
-    "wild-page-id": ("it acts on target-verify metadata", "--device cuda --spec-steps 3"),
-}
-
 
 def parse_faults(names: list[str] | tuple[str, ...] | None) -> frozenset[str]:
     """Validate fault names; raises ValueError naming the unknown one and listing the known ones."""

@@ -5,10 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+# The byte-level codec and the embedded model names live in the torch-free tracer (a trace's reader decodes tokens
+# too); they are re-exported here for the engine's callers.
+from ..tracer.tokens import EMBEDDED_MODELS as EMBEDDED
+from ..tracer.tokens import decode_tokens as decode_tokens
+from ..tracer.tokens import encode_text as encode_text
+from ..tracer.tokens import model_folder
+from ..tracer.tokens import tokenizer_kind as _config_tokenizer_kind
 from .model_config import ModelConfig
 
 if TYPE_CHECKING:  # torch loads only when a model is built, so path resolution and tokens stay torch-free
@@ -18,7 +24,6 @@ if TYPE_CHECKING:  # torch loads only when a model is built, so path resolution 
 
 log = logging.getLogger(__name__)
 
-EMBEDDED = {"tiny": "target", "tiny-draft": "draft"}
 BYTE_EOS = 0  # the embedded models end each file with NUL; see samples/models/README.md
 # Old HF checkpoints carry these; they are derived (RoPE) or duplicated (tied head), never needed.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -44,15 +49,7 @@ def resolve_model_path(path_or_name: str | os.PathLike[str]) -> Path:
     """Map "tiny" / "tiny-draft" to the embedded folders; otherwise a folder (or its config.json)."""
     if str(path_or_name) in EMBEDDED:
         return samples_models_dir() / EMBEDDED[str(path_or_name)]
-    p = Path(path_or_name).expanduser()
-    if p.is_file() and p.name == "config.json":
-        p = p.parent
-    if not (p / "config.json").is_file():
-        raise ValueError(
-            f"no model at {str(path_or_name)!r}: expected a folder with config.json "
-            f"or one of {', '.join(repr(n) for n in EMBEDDED)}"
-        )
-    return p
+    return model_folder(path_or_name)
 
 
 def check_checkpoint(path_or_name: str | os.PathLike[str]) -> None:
@@ -193,23 +190,4 @@ def _copy_file(f: Path, params: dict[str, torch.nn.Parameter], loaded: set[str],
 
 def tokenizer_kind(config: ModelConfig) -> str:
     """"bytes" when token ids are UTF-8 bytes (the embedded models), else "ids" (no decoding available)."""
-    return "bytes" if config.specscope.get("tokenizer") == "bytes" else "ids"
-
-
-def encode_text(s: str) -> list[int]:
-    """Byte-level tokens: the UTF-8 bytes of `s`."""
-    return list(s.encode("utf-8"))
-
-
-def decode_tokens(ids: Iterable[int]) -> str:
-    """Inverse of `encode_text`; invalid UTF-8 and ids outside 0..255 become U+FFFD."""
-    out: list[str] = []
-    run = bytearray()
-    for i in ids:
-        if 0 <= int(i) < 256:
-            run.append(int(i))
-            continue
-        out.append(run.decode("utf-8", errors="replace") + "\ufffd")
-        run.clear()
-    out.append(run.decode("utf-8", errors="replace"))
-    return "".join(out)
+    return _config_tokenizer_kind({"specscope": config.specscope})
