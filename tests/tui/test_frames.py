@@ -114,7 +114,9 @@ async def test_stepping_leaves_almost_no_cyclic_garbage() -> None:
 async def test_look_ahead_waits_for_the_keys_to_pause(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keys faster than PREFETCH_IDLE_S never wake the neighbour thread (it would share the GIL with the drawing);
     once they pause, the next step in the direction of travel is decoded and classified ahead."""
-    monkeypatch.setattr(app_mod, "PREFETCH_IDLE_S", 1.5)  # well above a loaded CI machine's event-loop stalls
+    # An hour: every key surely comes before the look-ahead's timer, however slow the machine; the test then fires
+    # the timer the last key armed itself (the keys' pause), so nothing here depends on how fast the loop runs.
+    monkeypatch.setattr(app_mod, "PREFETCH_IDLE_S", 3600.0)
     app = SpecscopeApp(sample("h200-graphs-changing-bs"))
     asked: list[list[int]] = []
     prefetch = app.source.prefetch_steps
@@ -127,15 +129,20 @@ async def test_look_ahead_waits_for_the_keys_to_pause(monkeypatch: pytest.Monkey
     async with app.run_test(size=(120, 40)) as pilot:
         await app.ready()
         app.accel.window = 0
-        await pilot.pause(0.4)
-        asked.clear()
+        await pilot.pause()
+        start = app.current
         for _ in range(4):
-            app.simulate_key("right_square_bracket")
-            await asyncio.sleep(0.05)
+            await pilot.press("right_square_bracket")
         assert asked == []  # the keys did not pause long enough
         here = app.current
-        deadline = time.monotonic() + 10
+        assert here == start + 4
+        timer = app._prefetch_timer
+        assert timer is not None and not timer.cancelled()  # armed by the last key, waiting for the pause
+        run, args = timer._callback, timer._args  # (cancel() clears them)
+        timer.cancel()
+        run(*args)  # the keys paused: what the timer runs, now
+        assert asked and asked[0][0] == here + 1
+        deadline = time.monotonic() + 60  # the neighbour thread decodes it; a loaded machine may take a while
         while here + 1 not in app.source._grids and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        assert asked and asked[0][0] == here + 1
         assert here + 1 in app.source._grids  # ready before the next press asks for it

@@ -9,7 +9,8 @@ from specscope.tracer.store import TraceReader
 from specscope.ui.tui import model as m
 from specscope.ui.tui.app import ACTIONS, Accelerator, SpecscopeApp
 from specscope.ui.tui.widgets import PageGrid, RequestsTable, StepList
-from tui_fixtures import _at_root, anyio_backend  # noqa: F401 - fixtures
+from textual.command import CommandList, CommandPalette
+from tui_fixtures import _at_root, anyio_backend, until  # noqa: F401 - fixtures
 from tui_samples import sample
 
 
@@ -119,6 +120,16 @@ async def test_held_key_moves_further_than_the_presses(clean_trace: str) -> None
         assert app.current == want - 1
 
 
+def _palette_pick(app: SpecscopeApp) -> str:
+    """The prompt of the command the open palette would run on enter ("" when none is highlighted)."""
+    if not isinstance(app.screen, CommandPalette):
+        return ""
+    hits = app.screen.query_one(CommandList)
+    if hits.highlighted is None or not hits.option_count:
+        return ""
+    return str(hits.get_option_at_index(hits.highlighted).prompt)
+
+
 def _cells(app: SpecscopeApp) -> list[list[tuple[str, object]]]:
     """Every cell on screen: its character and its style without meta (what the terminal shows)."""
     rows = []
@@ -156,7 +167,7 @@ async def test_partial_repaints_leave_the_screen_a_fresh_app_draws() -> None:
         for _ in range(4):
             await pilot.press("right_square_bracket")
             clock.t += 1.0
-        await pilot.pause(0.3)  # the release timer
+        _settle_now(app)  # the held key's panes, if their timer has not fired yet
         await pilot.pause()
         here, walked = app.current, _cells(app)
         scrolls = [(w.scroll_offset.x, w.scroll_offset.y) for w in (app._steps, app._requests, app._grid_w)]
@@ -269,16 +280,16 @@ async def test_palette_lists_every_action_and_runs_them(clean_trace: str) -> Non
         titles = [c.title for c in app.get_system_commands(app.screen)]
         for _, key, title, _ in ACTIONS:
             assert any(t.startswith(title) and f"({key})" in t for t in titles), title
-        await pilot.press("ctrl+p")
-        await pilot.pause(0.2)
-        await pilot.press(*"Next iteration")
-        await pilot.pause(0.3)
-        await pilot.press("enter")
-        await pilot.pause(0.1)
         with TraceReader(clean_trace) as r:
             it0 = r.summary(0).iteration
             expect = next(s.index for s in r.iter_summaries(1) if s.iteration != it0)
-        assert app.current == expect
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
+        await pilot.press(*"Next iteration")
+        # The palette searches on a worker and shows its hits in batches: enter picks the highlighted one.
+        await until(pilot, lambda: _palette_pick(app).startswith("Next iteration"), "the palette's hit")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.current == expect, f"step {expect}")
 
 
 @pytest.mark.anyio
@@ -355,7 +366,6 @@ async def test_export_key_reports(clean_trace: str, tmp_path, monkeypatch: pytes
 
 @pytest.mark.anyio
 async def test_follow_a_trace_another_writer_grows(clean_trace: str, tmp_path) -> None:
-    import asyncio
     import os
 
     from specscope.tracer.store import TraceWriter
@@ -373,15 +383,8 @@ async def test_follow_a_trace_another_writer_grows(clean_trace: str, tmp_path) -
         for st in src.steps(5, 30):
             w.write_step(st)
         w.flush()
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            if app.current == 29:
-                break
+        await until(pilot, lambda: app.current == 29, "the cursor to follow the new steps")
         assert app.source.num_steps() == 30 and app.current == 29  # the cursor stayed on the newest step
         w.close()
-        for _ in range(40):
-            await pilot.pause(0.05)
-            if "trace closed" in app._statusbar.plain:
-                break
-        assert "trace closed" in app._statusbar.plain
+        await until(pilot, lambda: "trace closed" in app._statusbar.plain, "the closed trace")
     src.close()

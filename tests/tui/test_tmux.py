@@ -42,10 +42,9 @@ def test_tui_in_tmux_steps_and_quits(tmp_path) -> None:
     try:
         screen = _wait_for(session, lambda s: "step 0/" in s and "cache_sl" in s)
         assert "requests" in screen and "seq before" in screen  # detail, request table and grid on 80x24
-        for _ in range(3):
+        for k in range(1, 4):  # each key once the last one is on screen: lone presses, one step each
             _tmux("send-keys", "-t", session, "]")
-            time.sleep(0.3)
-        _wait_for(session, lambda s: "step 3/" in s)
+            _wait_for(session, lambda s, k=k: f"step {k}/" in s)
         _tmux("send-keys", "-t", session, "q")
         deadline = time.monotonic() + 30
         while not os.path.exists(done) and time.monotonic() < deadline:

@@ -75,10 +75,22 @@ def _rendered(page: object, graph_id: str) -> None:
     page.wait_for_selector(f"#{graph_id} .main-svg", state="attached")  # type: ignore[attr-defined]
 
 
+# Dash marks the document while callbacks are in flight. Quiet means unmarked for this long without a break, as
+# the page's own clock measures it: a callback that a finished one starts a moment later (a chain) resets it, so
+# a slow machine waits longer instead of going on in the middle of the chain.
+_QUIET_MS = 150
+_QUIET = f"""() => {{
+    const now = performance.now();
+    if (document.querySelector('[data-dash-is-loading="true"]')) {{ window.__quietSince = null; return false; }}
+    if (window.__quietSince == null) window.__quietSince = now;
+    return now - window.__quietSince >= {_QUIET_MS};
+}}"""
+
+
 def _idle(page: object) -> None:
-    # Dash marks the document while callbacks are in flight; wait until none is.
-    page.wait_for_function("() => !document.querySelector('[data-dash-is-loading=\"true\"]')")  # type: ignore[attr-defined]
-    page.wait_for_timeout(150)  # type: ignore[attr-defined]
+    """Wait until no Dash callback has been in flight for _QUIET_MS."""
+    page.evaluate("() => { window.__quietSince = null; }")  # type: ignore[attr-defined]
+    page.wait_for_function(_QUIET, polling="raf")  # type: ignore[attr-defined]
 
 
 def _shot(page: object, name: str, full_page: bool = True) -> None:
