@@ -54,6 +54,16 @@ def main() -> None:
            "buffers, the workspace is not snapshotted, and the kernel preconditions are enforced before launch by",
            "`backend/flashinfer_kernels.py` instead (a rejected launch is a recorded call error, K1). D1/D2 run on",
            f"steps recorded with `--record-attention N`. I35 needs {COLLAPSE_VERIFIES} verifies in a row.", "",
+           "## Order of the report",
+           "",
+           "`check` lists the invariants in the order of their first violation: by step, then severity (errors",
+           "before warnings), then id (I5 before I16); `--json` rows follow the same order, and the fault report",
+           "names its catches in it. The first wrong step explains a bug best: the value that was wrong there is the",
+           "cause, and what later steps do with it (KV written to the wrong slot, positions shifted by the same",
+           "amount, acceptance collapsing) often fires other invariants as consequences. Within one step an error",
+           "names a value a kernel consumed wrongly, while a warning there is usually a symptom of the same value.",
+           "Read from the top; the later groups are worth a look once the first is explained.",
+           "",
            "## Catalogue", "", "| id | severity | invariant | value-based: the recorded facts it reads | from |",
            "|---|---|---|---|---|"]
     for inv in CATALOGUE:

@@ -8,6 +8,24 @@ import os
 import sys
 from typing import Any
 
+from .args import integer
+
+SEVERITY_RANK = {"error": 0, "warning": 1}  # errors first where two invariants first fire at the same step
+
+
+def natural_id(check_id: str) -> tuple[str, int, str]:
+    """Sort key of an invariant id: "I5" before "I16"."""
+    head = check_id.rstrip("0123456789")
+    tail = check_id[len(head):]
+    return head, int(tail) if tail else -1, check_id
+
+
+def violation_order(v: Any) -> tuple[int, int, tuple[str, int, str]]:
+    """Step, then severity (errors first), then invariant id: the first wrong step explains a bug best, and the
+    violations after it are often its consequences (docs/checks.md, "Order of the report")."""
+    return v.step, SEVERITY_RANK.get(v.severity.value, 2), natural_id(v.check_id)
+
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `check`."""
@@ -17,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("trace", metavar="TRACE", nargs="?", help="the trace (not needed with --list)")
     p.add_argument("--json", action="store_true", help="print violations (or, with --list, the catalogue) as JSON")
     p.add_argument("--list", action="store_true", help="print the invariant catalogue and exit")
-    p.add_argument("--max-per-check", type=int, default=5, metavar="N",
+    p.add_argument("--max-per-check", **integer(lo=0), default=5, metavar="N",
                    help="examples shown per invariant (default 5; 0 shows counts only)")
     p.add_argument("--write", action="store_true",
                    help="store the violations in the trace (replacing those of an earlier `check --write`), so "
@@ -55,10 +73,8 @@ def _list(as_json: bool) -> int:
 
 def fault_lines(reports: list[Any], violations: list[Any]) -> list[str]:
     """One sentence per injected fault: how often it fired and what caught it, or why it never fired."""
-    try:
-        from specscope.backend.faults import FAULT_HINTS
-    except ImportError:  # a reader-only install without the backend package
-        FAULT_HINTS = {}
+    from specscope.tracer.fault_hints import FAULT_HINTS
+
     lines = []
     for r in reports:
         if r.fired:
@@ -78,8 +94,6 @@ def fault_lines(reports: list[Any], violations: list[Any]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Check the trace; print grouped violations and the fault report."""
-    if args.max_per_check < 0:
-        return _error(f"--max-per-check must be 0 or more, got {args.max_per_check}")
     if args.list:
         return _list(args.json)
     if not args.trace:
@@ -96,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
             found.extend(checker.feed(step))
             last = step.index
         num_steps = reader.num_steps()
+        found.sort(key=violation_order)  # stable: one step's rows of one invariant keep the checker's order
         faults = fault_lines(reader.fault_report(), found)
     if args.write:
         store.append_violations(args.trace, found, source="check", replace=True)
@@ -118,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
             groups.setdefault(v.check_id, []).append(v)
         out.append(f"{args.trace}: {num_steps} steps, {len(found)} violations of {len(groups)} invariants "
                    f"({errors} errors)")
-        for cid, vs in sorted(groups.items(), key=lambda kv: kv[1][0].step):
+        # Groups in the order of their first violation (`found` is sorted by violation_order).
+        for cid, vs in groups.items():
             inv = BY_ID.get(cid)
             steps = sorted({v.step for v in vs})
             out += ["", f"{cid} [{vs[0].severity.value}] {inv.description if inv else ''}",

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from .args import check_writable
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -17,11 +25,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("trace", metavar="TRACE", help="trace file (.db) or bundle (.zip)")
     p.add_argument("--perfetto", metavar="OUT.json[.gz]", help="write a Chrome Trace Event JSON file (gzip if .gz)")
     p.add_argument("--bundle", metavar="OUT.zip", help="write a bug-report bundle")
-    p.add_argument("--steps", metavar="A:B", help="step indexes A <= i < B (also A:, :B, N; default: all)")
+    p.add_argument("--steps", metavar="A:B", help="step indexes A <= i < B (also A:, :B, N; default: all; "
+                                                  "--step N is accepted for one step)")
+    # One step in the spelling of the commands that take one (replay, tui): the same as --steps N.
+    p.add_argument("--step", dest="steps", metavar="N", help=argparse.SUPPRESS)
     p.add_argument("--attention", choices=("all", "flagged", "none"), default="all",
                    help="bundle: which recorded attention calls to include (they dominate its size): all, only "
                         "steps the checks flag, or none (default: all)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    p.add_argument("--json", action="store_true",
+                   help="print what was written as JSON (each file's path, kind, size in bytes and steps)")
     p.set_defaults(run=run)
 
 
@@ -48,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"{out}: already exists (pass --overwrite to replace it)")
         if out and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
             return _fail(f"{out}: no such folder")
+        problem = check_writable(out) if out else None  # before the trace is read: /proc, a read-only mount
+        if problem is not None:
+            return _fail(problem)
     try:
         start, stop = parse_steps(args.steps)
     except ValueError as e:
@@ -58,15 +74,49 @@ def run(args: argparse.Namespace) -> int:
         selected = reader.summaries(start, stop)
         if not selected:
             return _fail(f"{args.trace}: no steps in --steps {args.steps} (it has {reader.steps_text()})")
-        if args.perfetto:
-            n = write_perfetto(reader, args.perfetto, start, stop)
-            print(f"{args.perfetto}: {n} trace events, {len(selected)} steps "
-                  f"({os.path.getsize(args.perfetto)} bytes); open it in https://ui.perfetto.dev")
-        if args.bundle:
-            m = write_bundle(reader, args.bundle, start, stop, trace_path=args.trace,
-                             export_command=quote_command(["specscope", *sys.argv[1:]]), attention=args.attention)
-            print(f"{args.bundle}: {m['num_steps']} steps ({len(m['captures_added'])} captures added), "
-                  f"{len(m['attention_steps'])} with recorded attention, {m['num_violations_bundle_check']} "
-                  f"violations; {os.path.getsize(args.bundle)} bytes. A maintainer runs: specscope info / check / "
-                  f"replay {os.path.basename(args.bundle)} (see README.md inside)")
+        files: list[dict[str, Any]] = []
+        current = args.perfetto or args.bundle
+        try:
+            if args.perfetto:
+                with _staged(args.perfetto) as tmp:
+                    n = write_perfetto(reader, tmp, start, stop)
+                size = os.path.getsize(args.perfetto)
+                files.append({"kind": "perfetto", "path": args.perfetto, "bytes": size, "steps": len(selected),
+                              "events": n})
+                if not args.json:
+                    print(f"{args.perfetto}: {n} trace events, {len(selected)} steps ({size} bytes); open it in "
+                          "https://ui.perfetto.dev")
+            if args.bundle:
+                current = args.bundle
+                with _staged(args.bundle) as tmp:
+                    m = write_bundle(reader, tmp, start, stop, trace_path=args.trace,
+                                     export_command=quote_command(["specscope", *sys.argv[1:]]),
+                                     attention=args.attention)
+                size = os.path.getsize(args.bundle)
+                files.append({"kind": "bundle", "path": args.bundle, "bytes": size, "steps": m["num_steps"],
+                              "captures_added": len(m["captures_added"]),
+                              "attention_steps": len(m["attention_steps"]),
+                              "violations": m["num_violations_bundle_check"]})
+                if not args.json:
+                    print(f"{args.bundle}: {m['num_steps']} steps ({len(m['captures_added'])} captures added), "
+                          f"{len(m['attention_steps'])} with recorded attention, {m['num_violations_bundle_check']} "
+                          f"violations; {size} bytes. A maintainer runs: specscope info / check / "
+                          f"replay {os.path.basename(args.bundle)} (see README.md inside)")
+        except OSError as e:  # a full disk, a folder removed meanwhile: name the output, never a temporary file
+            return _fail(f"cannot write {current}: {e.strerror or e}")
+    if args.json:
+        print(json.dumps({"trace": args.trace, "steps": args.steps, "files": files}, indent=1))
     return 0
+
+
+@contextlib.contextmanager
+def _staged(out: str) -> Iterator[str]:
+    """A path to write `out` to in a private folder beside it, moved onto `out` when the block succeeds; the folder
+    goes whatever happens, so a failed or interrupted export leaves no partial or temporary file behind."""
+    folder = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)), prefix=".specscope-export-")
+    try:
+        tmp = os.path.join(folder, os.path.basename(out))  # the writers name the file in what they write
+        yield tmp
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -3,53 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import os
-from collections.abc import Callable, Sequence
 from typing import Any
+
+from .args import conflict
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register the `info` subcommand."""
     p = subparsers.add_parser("info", help="summarize a trace file", description=__doc__)
     p.add_argument("trace", metavar="TRACE", help="trace file (.db) written by `specscope run`")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON (prompt tails and outputs "
-                                                       "decoded where a tokenizer is known)")
-    p.add_argument("--text", action="store_true", help="also print each request's prompt tail and output as text")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (every request's prompt tail "
+                                                       "and output decoded where a tokenizer is known)")
+    p.add_argument("--text", action="store_true",
+                   help="also print each request's prompt tail and output as text (--json always holds them)")
     p.add_argument("--no-check", action="store_true",
-                   help="do not run the invariant catalogue when the trace holds no checker verdicts "
-                        "(info runs it on traces of up to 2,000 steps)")
+                   help="do not run the invariant catalogue when the trace holds no verdicts for all its steps "
+                        "(info runs it on traces of up to 2,000 steps; verdicts that `run` or `check --write` "
+                        "stored are used as they are)")
     p.set_defaults(run=run)
 
 
-def tokenizer_for(target_model: str | None) -> tuple[str, Callable[[Sequence[int]], str] | None]:
-    """("bytes" | "tokenizers" | "ids", decode) for the trace's target model: byte-level for the embedded models
-    (and any config.json that says so), the checkpoint's tokenizer.json through `tokenizers` when installed."""
-    from specscope.backend.loader import EMBEDDED, decode_tokens, resolve_model_path, tokenizer_kind
-    from specscope.backend.model_config import ModelConfig
-
-    if not target_model:
-        return "ids", None
-    if target_model in EMBEDDED:
-        return "bytes", decode_tokens
-    try:
-        folder = resolve_model_path(target_model)
-        config = ModelConfig.from_json(folder / "config.json")
-    except (ValueError, OSError):
-        return "ids", None  # recorded on another machine, or the folder moved: ids only
-    if tokenizer_kind(config) == "bytes":
-        return "bytes", decode_tokens
-    tok_file = folder / "tokenizer.json"
-    if not tok_file.is_file():
-        return "ids", None
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        return "ids", None
-    try:
-        tok = Tokenizer.from_file(os.fspath(tok_file))
-    except Exception:  # noqa: BLE001 - a tokenizer.json this version cannot read: fall back to ids
-        return "ids", None
-    return "tokenizers", lambda ids: tok.decode(list(ids), skip_special_tokens=False)
+def stored_verdicts_cover(reader: Any) -> bool:
+    """Whether the catalogue's stored verdicts (the run's live checker, `check --write`, `upgrade`) reach the
+    trace's last step: then `info` reads them instead of running the catalogue again."""
+    through = reader.checked_through()
+    if through is None:
+        return False
+    last = next(iter(reader.iter_summaries(backward=True)), None)
+    return last is None or through >= last.index
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,10 +40,21 @@ def run(args: argparse.Namespace) -> int:
 
     from specscope.tracer.store import TraceReader
     from specscope.tracer.summary import format_summary, format_texts, summarize
+    from specscope.tracer.tokens import tokenizer_for
 
+    if args.json and args.text:
+        print("specscope: error: " + conflict("--text", "--json", "the JSON holds every request's prompt tail and "
+                                              "output text already (requests[].prompt_tail_text, output_text)"),
+              file=sys.stderr)
+        return 2
     with TraceReader(args.trace) as reader:
         kind, decode = tokenizer_for(reader.run.target_model)
-        d: dict[str, Any] = summarize(reader, decode=decode, tokenizer=kind, run_checks=not args.no_check)
+        stored = stored_verdicts_cover(reader)
+        d: dict[str, Any] = summarize(reader, decode=decode, tokenizer=kind,
+                                      run_checks=not (args.no_check or stored))
+        if stored:  # a clean check stores no rows, only how far it got: its verdicts are the (empty) table
+            d["violations_source"] = "trace"
+        d["checked_through"] = reader.checked_through()
     if args.json:
         sys.stdout.write(json.dumps(d, indent=2, ensure_ascii=False) + "\n")
     else:

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from .args import add_step, conflict, real
+
 EXIT_AGREE, EXIT_DISAGREE, EXIT_UNUSABLE = 0, 1, 2
 
 
@@ -18,11 +20,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "pure-torch reference, and print max abs / relative difference per request and head. Exit 0 "
                     "when everything agrees within tolerance, 1 when not, 2 for unusable input.")
     p.add_argument("trace", metavar="TRACE|BUNDLE", help="trace file (.db) or bug-report bundle (.zip)")
-    p.add_argument("--step", type=int, required=True, metavar="N", help="step index (as `specscope info` lists)")
+    add_step(p, "step index (as `specscope info` lists)", required=True)
     p.add_argument("--device", default="cpu", help="cpu (reference kernels) or cuda[:i] (the run's flashinfer "
                                                     "kernels, from the trace's attention_kernel) (default: cpu)")
-    p.add_argument("--tol", type=float, default=None, help="relative tolerance (default: the differential check's)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--tol", **real(0.0), default=None, metavar="REL",
+                   help="relative tolerance, a finite number >= 0 (default: the differential check's)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (every head's differences)")
     p.add_argument("--all-heads", action="store_true", help="print every head (default: the worst head per request)")
     p.set_defaults(run=run)
 
@@ -40,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from specscope.tracer.export.kv_delta import KV_ARRAYS
     from specscope.tracer.store import TraceReader
 
+    if args.json and args.all_heads:
+        return _fail(conflict("--all-heads", "--json", "the JSON lists every head already"))
     if not (args.device == "cpu" or args.device == "cuda" or args.device.startswith("cuda:")):
         return _fail(f"--device {args.device!r}: expected cpu, cuda or cuda:N")
     with open_trace_or_bundle(args.trace) as path, TraceReader(path) as reader:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+from .args import INT64_MAX, check_writable, integer, real
 
 if TYPE_CHECKING:  # type names only: `run` validates everything before torch is imported
     from specscope.backend.engine_config import EngineConfig
@@ -35,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                           "and record every step into a trace.",
                               formatter_class=DefaultsHelpFormatter)
     add_run_arguments(p)
+    add_json_argument(p)
     p.add_argument("--control", metavar="SOCKET", help=argparse.SUPPRESS)  # live TUI's channel (docs/tui.md)
     p.set_defaults(run=run)
 
@@ -53,20 +57,21 @@ def add_run_arguments(p: argparse.ArgumentParser, default_output: str = "specsco
                    help="model and KV dtype (auto: bfloat16 on a GPU, float32 on the CPU)")
     g = p.add_argument_group("batch")
     g.add_argument("--device", default="auto", help="auto (the GPU when torch sees one), cpu, cuda or cuda:N")
-    g.add_argument("--batch-size", type=int, default=4,
+    g.add_argument("--batch-size", **integer(lo=1), default=4,
                    help="most requests running at once (capped at --requests)")
-    g.add_argument("--requests", type=int, default=8, help="requests to serve")
-    g.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per request")
+    g.add_argument("--requests", **integer(lo=1), default=8, help="requests to serve")
+    g.add_argument("--max-new-tokens", **integer(lo=1), default=32, help="tokens to generate per request")
     g.add_argument("--prompt-len", type=_pair, default=(24, 160), metavar="MIN,MAX",
                    help="prompt length range in tokens")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop requests at the model's EOS token")
-    g.add_argument("--seed", type=int, default=0, help="seeds prompts, arrivals, random weights and sampling")
+    g.add_argument("--seed", **integer(0, INT64_MAX, "between 0 and 2**63 - 1"), default=0,
+                   help="seeds prompts, arrivals, random weights and sampling")
     g = p.add_argument_group("speculative decoding")
-    g.add_argument("--spec-steps", type=int, default=3, help="draft steps N per iteration; 0 = plain decode")
-    g.add_argument("--verify-tokens", type=int, default=None, metavar="T",
+    g.add_argument("--spec-steps", **integer(0, 15), default=3, help="draft steps N per iteration; 0 = plain decode")
+    g.add_argument("--verify-tokens", **integer(2, 16), default=None, metavar="T",
                    help="tokens per request the verify runner captures, 2..16 (default: N+1 = K); a different "
                         "T re-creates adaptive-spec setups where T != K")
-    g.add_argument("--temperature", type=float, default=0.0,
+    g.add_argument("--temperature", **real(0.0, what="a finite number >= 0 (0 = greedy)"), default=0.0,
                    help="0 = greedy acceptance; > 0 = speculative rejection sampling")
     g = p.add_argument_group("backend")
     g.add_argument("--page-size", type=int, default=64, choices=[16, 32, 64, 128], help="KV page size in tokens")
@@ -84,10 +89,20 @@ def add_run_arguments(p: argparse.ArgumentParser, default_output: str = "specsco
     g.add_argument("-o", "--output", metavar="TRACE", help=f"trace file to write (default: {default_output})")
     g.add_argument("--overwrite", action="store_true", help="replace TRACE if it exists")
     g.add_argument("--no-trace", action="store_true", help="record nothing (the plain backend)")
-    g.add_argument("--record-attention", type=int, default=0, metavar="N",
+    g.add_argument("--record-attention", **integer(0, what="0 (off) or a step interval >= 1"), default=0,
+                   metavar="N",
                    help="every N steps keep layer 0's attention inputs and outputs, for `check`'s differential "
                         "test (sampled steps sync the GPU once; default: 0 = off)")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--quiet", action="store_true",
+                   help="no progress: a bar on a terminal; when stderr is not a terminal (a log, CI), one line "
+                        f"every {PROGRESS_LOG_S:g} s")
+
+
+def add_json_argument(p: argparse.ArgumentParser) -> None:
+    """`--json` of `run` and `demo` (not of `tui --live`, which shows the run itself)."""
+    p.add_argument("--json", action="store_true",
+                   help="print the result as JSON on stdout (trace path, steps, verdict counts, throughput, "
+                        "acceptance) instead of the summary; warnings and progress stay on stderr")
 
 
 def _pair(s: str) -> tuple[int, int]:
@@ -165,16 +180,15 @@ def check_flags(args: argparse.Namespace) -> list[str]:
 
 
 def check_output(out: str, overwrite: bool) -> None:
-    """The trace path can be written: not a directory, its folder exists, no accidental overwrite."""
+    """The trace path can be written: not a directory, its folder exists and takes a new file, no accidental
+    overwrite. Checked by creating a probe file, so /proc or a read-only mount fails here, before torch loads."""
     if os.path.isdir(out):
         raise ValueError(f"{out} is a directory; -o needs a trace file name")
     if os.path.exists(out) and not overwrite:
         raise ValueError(f"{out} already exists (pass --overwrite to replace it)")
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise ValueError(f"cannot write {out}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"cannot write {out}: folder {parent} is not writable")
+    problem = check_writable(out)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def _gpu_visible_without_torch() -> bool:
@@ -201,20 +215,26 @@ def preflight(args: argparse.Namespace) -> tuple[EngineConfig, list[str]]:
     return cfg, warnings
 
 
+PROGRESS_LOG_S = 10.0  # a log gets a progress line this often: short runs (tests, the demo) print none
+
+
 class Progress:
-    """A one-line progress bar on stderr (only when stderr is a terminal).
+    """Progress on stderr: a one-line bar on a terminal, else a line every PROGRESS_LOG_S seconds (a log file
+    or CI keeps whole lines, where the bar's carriage returns would pile up).
 
     The rate counts from the first finished iteration (model loading and graph capture are not generation),
     and `close` redraws the bar with the run's final throughput, so the bar and the summary agree.
     """
 
     def __init__(self, enabled: bool, stream: TextIO | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, tty: bool | None = None) -> None:
         self.stream = stream or sys.stderr
-        self.enabled = enabled and (stream is not None or sys.stderr.isatty())
+        self.enabled = enabled
+        self.tty = (stream is not None or sys.stderr.isatty()) if tty is None else tty
         self.clock = clock
         self.first: tuple[float, int] | None = None
         self.last = (0, 1)
+        self.next_log: float | None = None
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
@@ -222,11 +242,19 @@ class Progress:
         now = self.clock()
         if self.first is None:
             self.first = (now, done)
+            self.next_log = now + PROGRESS_LOG_S
             rate = None
         else:
             rate = (done - self.first[1]) / max(now - self.first[0], 1e-9)
         self.last = (done, total)
-        self._draw(done, total, rate)
+        if self.tty:
+            self._draw(done, total, rate)
+        elif self.next_log is not None and now >= self.next_log:
+            self.next_log = now + PROGRESS_LOG_S
+            shown = f", {rate:,.0f} tok/s" if rate is not None else ""
+            self.stream.write(f"specscope: progress {done}/{total} tokens "
+                              f"({min(done / max(total, 1), 1.0):.0%}){shown}\n")
+            self.stream.flush()
 
     def _draw(self, done: int, total: int, rate: float | None) -> None:
         frac = min(done / max(total, 1), 1.0)
@@ -236,12 +264,12 @@ class Progress:
         self.stream.flush()
 
     def close(self, final_rate: float | None = None) -> None:
-        """End the bar's line (with the final rate, when the run finished)."""
-        if self.enabled:
+        """End the bar's line (with the final rate, when the run finished); a log's lines are already whole."""
+        if self.enabled and self.tty and self.first is not None:
             if final_rate is not None:
                 self._draw(*self.last, final_rate)
             self.stream.write("\n")
-            self.enabled = False
+        self.enabled = False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -284,8 +312,49 @@ def run(args: argparse.Namespace) -> int:
         return 130
     s = res.stats
     progress.close(s.output_tokens / max(s.wall_s, 1e-9))
-    print_summary(res)
+    if getattr(args, "json", False):
+        print(json.dumps(result_json(res), indent=1))
+    else:
+        print_summary(res)
     return 0
+
+
+def trace_verdicts(path: str) -> dict[str, Any]:
+    """Steps and stored verdicts of a finished trace: {steps, errors, warnings, by_id, checked_through}."""
+    from specscope.tracer.store import TraceReader
+
+    from .cmd_check import natural_id
+
+    with TraceReader(path) as r:
+        by_id = r.count_violations_by_id()
+        return {"steps": r.num_steps(), "errors": len(r.violations(severity="error")),
+                "warnings": len(r.violations(severity="warning")),
+                "by_id": dict(sorted(by_id.items(), key=lambda kv: natural_id(kv[0]))),
+                "checked_through": r.checked_through()}
+
+
+def result_json(res: SessionResult) -> dict[str, Any]:
+    """`run --json`: the trace, its steps and verdict counts, and the numbers of the text summary."""
+    s = res.stats
+    drafted = s.verify_rows * len(s.accepted_by_position)
+    verdicts = trace_verdicts(res.trace_path) if res.trace_path else None
+    return {
+        "trace": res.trace_path,
+        "steps": verdicts.pop("steps") if verdicts else None,
+        "verdicts": verdicts,
+        "device": res.device_name,
+        "kernels": res.kernels,
+        "requests": len(res.requests),
+        "iterations": s.iterations,
+        "output_tokens": s.output_tokens,
+        "wall_s": s.wall_s,  # generation only: model loading and graph capture excluded
+        "tokens_per_s": s.output_tokens / max(s.wall_s, 1e-9),
+        "mean_accept_length": s.mean_accept_length,  # bonus token included
+        "draft_acceptance": (s.accepted_total - s.verify_rows) / drafted if drafted else None,
+        "accept_rate_by_position": [n / s.verify_rows for n in s.accepted_by_position] if s.verify_rows else [],
+    }
+
+
 def print_summary(res: SessionResult) -> None:
     """tokens/s, mean accept length, acceptance by position, trace path."""
     s = res.stats

@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+from .args import add_step, integer
 from .cmd_run import add_run_arguments
 
 # Run flags the live TUI sets itself (or that make no sense for a live run).
@@ -25,11 +26,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--follow", action="store_true", help="follow TRACE while another process writes it")
     p.add_argument("--live", action="store_true",
                    help="start a run with the run options below and drive it (its trace: -o, or a new file)")
-    p.add_argument("--step", type=int, default=None, metavar="N", help="open at step N")
+    add_step(p, "open at step N")
     g = p.add_argument_group("live breakpoints")
     g.add_argument("--break-on-violation", action=argparse.BooleanOptionalAction, default=True,
                    help="pause at the first step with a violation (exact: the run waits for the checker)")
-    g.add_argument("--break-step", type=int, default=None, metavar="N", help="pause after step N")
+    g.add_argument("--break-step", **integer(lo=0), default=None, metavar="N", help="pause after step N")
     g.add_argument("--break-if", default=None, metavar="COND",
                    help="pause at a step where COND holds, e.g. 'mode == TARGET_VERIFY and bs != prev.bs'")
     g.add_argument("--paused", action="store_true", help="pause after the first step")
@@ -84,10 +85,13 @@ def run(args: argparse.Namespace) -> int:
     from specscope.tracer.store import TraceReader
 
     with TraceReader(args.trace) as r:  # a bad file fails here with its one sentence (exit 2)
-        n = r.num_steps()
         closed = r.is_closed()
-    if args.step is not None and not 0 <= args.step < max(n, 1):
-        return _error(f"{args.trace}: has no step {args.step} ({n} steps)")
+        # By index, not position: a bundle keeps the original run's (sparse) step numbers; an empty live trace
+        # may still be asked to open at its first step.
+        missing = args.step is not None and not r.has_step(args.step) and not (r.num_steps() == 0 and args.step == 0)
+        where = r.steps_text()
+    if missing:
+        return _error(f"{args.trace}: has no step {args.step} ({where})")
     from specscope.ui.tui.app import SpecscopeApp
 
     app = SpecscopeApp(args.trace, follow=True if args.follow else (None if not closed else False), start=args.step)

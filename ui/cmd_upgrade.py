@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+
+from .args import check_writable
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -86,6 +89,18 @@ def _mark_upgraded(path: str, old_version: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Upgrade; print one summary line."""
+    # The command's own flag names: the writer underneath speaks of its keyword argument (overwrite=True).
+    same = os.path.exists(args.new) and os.path.exists(args.old) and os.path.samefile(args.old, args.new)
+    problem = None
+    if same:
+        pass  # upgrade_trace says so
+    elif os.path.exists(args.new) and not os.path.isdir(args.new) and not args.overwrite:
+        problem = f"{args.new}: already exists (pass --overwrite to replace it)"
+    else:
+        problem = check_writable(args.new)
+    if problem is not None:
+        print(f"specscope: error: {problem}", file=sys.stderr)
+        return 2
     c = upgrade_trace(args.old, args.new, overwrite=args.overwrite, check=not args.no_check)
     line = (f"{args.old} -> {args.new}: schema 2, {c['steps']} steps, {c['requests']} requests, "
             f"{c['violations']} violations copied")  # fmt: skip

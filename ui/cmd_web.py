@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from .args import integer
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register the `web` subcommand."""
@@ -14,7 +16,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--compare", metavar="TRACE_B", help="a second trace for the Compare page")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind; keep 127.0.0.1 and use an SSH tunnel from your laptop")
-    p.add_argument("--port", type=int, default=8050, help="port to listen on (0: any free port)")
+    p.add_argument("--port", **integer(0, 65535, "a TCP port (0-65535)"), default=8050,
+                   help="port to listen on (0: any free port)")
     p.set_defaults(run=run)
 
 
@@ -22,21 +25,23 @@ def run(args: argparse.Namespace) -> int:
     """Open the traces, then serve until Ctrl-C."""
     import sys
 
-    if not 0 <= args.port <= 65535:
-        print(f"specscope: error: --port {args.port} is not a TCP port (0-65535)", file=sys.stderr)
-        return 2
     try:
         from specscope.ui.web.app import create_app
-        from specscope.ui.web.server import make
+        from specscope.ui.web.server import listen_problem, listen_socket, make
     except ModuleNotFoundError as e:
         print(f"specscope: error: the dashboard needs {e.name} (pip install -e '.[web]')", file=sys.stderr)
         return 2
-    app = create_app(args.trace, args.compare)  # a TraceError becomes one line and exit 2 in cli.main
-    try:
-        server = make(app, args.host, args.port)
+    try:  # before the traces load, so a taken port is known at once; the server is built on this socket
+        sock = listen_socket(args.host, args.port)
     except OSError as e:
-        print(f"specscope: error: cannot listen on {args.host}:{args.port} ({e.strerror or e})", file=sys.stderr)
+        print(f"specscope: error: {listen_problem(args.host, args.port, e)}", file=sys.stderr)
         return 2
+    try:
+        app = create_app(args.trace, args.compare)  # a TraceError becomes one line and exit 2 in cli.main
+    except BaseException:
+        sock.close()
+        raise
+    server = make(app, args.host, args.port, sock=sock)
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"specscope web: serving {args.trace}" + (f" and {args.compare}" if args.compare else "")
           + f" on http://{host}:{server.server_port}/  (Ctrl-C stops)", flush=True)
