@@ -161,7 +161,7 @@ def test_demo_starts_paused_and_says_what_to_press(tmp_path, monkeypatch: pytest
         raise seen["error"]
     assert rc == 0
     screen = seen["first screen"]
-    for words in ("PAUSED at 0", "space run", "s one step", "q quit"):
+    for words in ("PAUSED at 0", "space run", "s step", "q quit"):
         assert words in screen, (words, screen)
     assert START_PAUSED_REASON in seen["status"]
     assert seen["at start"] == 1 and seen["after s"] == 2  # nothing ran before the first key; `s` ran one step

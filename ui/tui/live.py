@@ -369,7 +369,7 @@ class LiveController:
             # The keys of the state come with it: this part leads the status line, so a narrow terminal keeps it.
             if self.state == "paused":
                 at = "before the first step" if self.paused_at is None else f"at {self.paused_at}"
-                return f"‖ PAUSED {at} · space run · s one step · q quit"
+                return f"‖ PAUSED {at} · space run · s step · q quit"
             return {"running": "▶ running · space pause · q quit",
                     "finished": "■ run finished · q quit"}.get(self.state, "starting…")
         if self.state == "paused" and self.reason:
