@@ -160,6 +160,7 @@ class _Parts:
     recorder: Any
     control: ControlPoint | None
     engine: Engine | None = None
+    ended_by: BaseException | None = None  # what ended the run early (the trace's end record says), None: nothing
 
 
 def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwrite: bool, random_weights: bool,
@@ -227,13 +228,15 @@ def _engine_scope(parts: _Parts) -> Iterator[Engine]:
         parts.engine = Engine(parts.cfg, parts.target, parts.draft, parts.kernels, parts.recorder)
         yield parts.engine
     except BaseException as e:
+        parts.ended_by = parts.ended_by or e
         if is_sticky_cuda_error(e):
             # The CUDA context is dead: the engine's tensors (freed as the traceback's frames go) must outlive it.
             keep_until_exit(e, parts.engine, parts.target, parts.draft, parts.kernels)
         raise
     finally:
-        # Everything recorded so far reaches the file even when the run fails part-way.
-        parts.recorder.close()
+        # Everything recorded so far reaches the file even when the run fails part-way, with how it ended: a stop
+        # the viewer asked for, Ctrl-C, a CUDA error or another exception (the recorder's end record).
+        parts.recorder.close(parts.ended_by, stopped=isinstance(parts.ended_by, RunStopped))
         if parts.control is not None:
             parts.control.close()
 
@@ -334,8 +337,9 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
         with _session(parts) as session:
             try:
                 stats = session.run(parts.requests, progress)
-            except RunStopped:
-                stats = session.stats  # the viewer stopped the run: a clean end
+            except RunStopped as e:
+                parts.ended_by = e  # the viewer stopped the run: a clean end, recorded as a stop
+                stats = session.stats
     except RunStopped:
         stats = RunStats()  # stopped during graph capture, before the engine was built: a clean end too
     cr = None if parts.writer is None else parts.writer.check_result

@@ -7,7 +7,8 @@ pipe; the child encodes them straight from those columns with a synchronous `Tra
 asynchronous boundary, the pipe) and commits whenever its input is momentarily empty.
 
 The child never outlives its purpose: end of input (the engine closed the pipe or died) or a new parent
-(the engine died while another process held the pipe) makes it commit what arrived and exit quietly.
+(the engine died while another process held the pipe) makes it commit what arrived and exit quietly; when
+that input ended with no close frame it records the run's end as "engine_ended" (`meta.end_state`).
 The engine's side never waits forever: every status read has a deadline, and a child that died is
 reported with its own last words (its stderr) or the signal that killed it.
 
@@ -470,6 +471,7 @@ def _child_main() -> int:
         return 0
     say("ready")
     err = None
+    ended = False  # the engine sent its end record
     # A diagnostic: steps arrive as usual and are dropped unstored (what the child's storing costs a GPU run).
     discard = os.environ.get("SPECSCOPE_TRACE_DISCARD") == "1"
     while True:
@@ -484,7 +486,13 @@ def _child_main() -> int:
             else:
                 msg = inp.take()
         except EOFError:
-            break  # the engine closed the pipe or died: commit what arrived and stop
+            # The pipe ended without a close frame: the engine process is gone (killed, or it exited without closing
+            # the trace). Commit what arrived and say so, unless the engine said how its run ended first.
+            if not ended:
+                cut = inp.end - inp.pos  # bytes of a message the pipe ended inside of
+                writer.set_end("engine_ended", lost_in_flight=None,
+                               detail=f"the pipe ended inside a message ({cut} bytes cut off)" if cut else "")
+            break
         except TraceError as e:
             err = err or str(e)
             continue
@@ -514,6 +522,9 @@ def _child_main() -> int:
                 writer.write_request(RequestRecord.from_dict(payload))
             elif kind == "meta":
                 writer.write_meta(*payload)
+            elif kind == "end":
+                ended = True
+                writer.set_end(**payload)
             elif kind == "violations":
                 vs, source = payload
                 writer.add_violations([Violation.from_dict(v) for v in vs], source)
@@ -530,6 +541,60 @@ def _child_main() -> int:
 
 
 # -- the engine's side ----------------------------------------------------------------------------------------
+
+
+class _WholeMessages:
+    """Holds a Ctrl-C back while the engine's thread writes a message into the pipe, and raises it once the message
+    is whole. A KeyboardInterrupt raised mid-write (while the pipe is full, or between a write and counting what it
+    wrote) would leave the child a torn message: it would read the close frame as the rest of it, and an interrupted
+    run would hang on its close and lose its end record. A second Ctrl-C while one is held raises at once (a writer
+    that stopped reading must not make Ctrl-C useless). Installed only over Python's default SIGINT handler, from
+    the main thread, while a ProcessTraceWriter is open."""
+
+    def __init__(self) -> None:
+        self.depth = 0  # messages being written on the main thread (nested: a write that finishes an earlier one)
+        self.held = False  # a Ctrl-C came during one
+        self.users = 0  # open writers that installed the handler
+
+    def install(self) -> bool:
+        """Take over SIGINT (True) if the default handler has it and this is the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        if self.users == 0 and signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return False  # someone else's handler: leave it alone
+        if self.users == 0:
+            signal.signal(signal.SIGINT, self._on_sigint)
+        self.users += 1
+        return True
+
+    def uninstall(self) -> None:
+        """Give SIGINT back to the default handler once the last writer that took it is closed."""
+        self.users -= 1
+        if self.users == 0 and threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) == self._on_sigint:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.depth and not self.held:
+            self.held = True
+            return
+        self.held = False
+        raise KeyboardInterrupt
+
+    def enter(self) -> None:
+        """A message write begins (main thread)."""
+        self.depth += 1
+
+    def leave(self) -> None:
+        """It ended: a Ctrl-C held meanwhile is raised now."""
+        self.depth -= 1
+        if self.held and not self.depth:
+            self.held = False
+            raise KeyboardInterrupt
+
+
+_WHOLE = _WholeMessages()
+
 
 
 def _grow_pipe(f: Any) -> None:
@@ -647,6 +712,8 @@ class ProcessTraceWriter:
         self._direct = True
         self.backlogged = 0  # messages (or their rest) that did not fit the pipe and went through the sender thread
         self._fd = -1  # the pipe's descriptor, non-blocking once messages may go through the sender thread
+        self._rest: list[bytes | memoryview] = []  # what is left of a message an exception cut short (see _write)
+        self._guarded = False  # writes on the main thread hold a Ctrl-C back until the message is whole (once started)
         self._limit = 0
         _grow_pipe(self._proc.stdin)
         self._send_obj((self.path, run.to_dict(), overwrite))
@@ -655,6 +722,7 @@ class ProcessTraceWriter:
         if kind != "ready":
             self._stop_child()
             raise TraceError(msg or "the trace writer process failed to start", self.path)
+        self._guarded = _WHOLE.install()
         if check:
             self._start_checker()
 
@@ -744,7 +812,7 @@ class ProcessTraceWriter:
             self._limit = limit_bytes
             self._direct = direct
             self._fd = self._proc.stdin.fileno()  # type: ignore[union-attr]
-            self._proc.stdin.flush()  # type: ignore[union-attr]  # nothing may sit in the file object's buffer now
+            self._finish_rest()  # nothing of an earlier message may be left unwritten now
             os.set_blocking(self._fd, False)
             self._sender = threading.Thread(target=self._send_loop, name="trace-sender", daemon=True)
             self._sender.start()
@@ -800,6 +868,17 @@ class ProcessTraceWriter:
         if self._sender is None:
             self._write(data)
             return
+        guarded = self._guarded and threading.current_thread() is threading.main_thread()
+        if guarded:
+            _WHOLE.enter()  # a direct write and its queued rest are one message: no Ctrl-C between them
+        try:
+            self._send_background(data)
+        finally:
+            if guarded:
+                _WHOLE.leave()
+
+    def _send_background(self, data: bytes) -> None:
+        """`_send_data` once the sender thread runs: into the pipe directly, or queued for the thread."""
         head = _LEN.pack(len(data))
         with self._cv:
             if self._direct and not self._queue and not self._busy:
@@ -827,13 +906,34 @@ class ProcessTraceWriter:
             self._cv.notify_all()
 
     def _write(self, data: bytes) -> None:
+        # One gathered write of prefix and body (a concatenation would copy every frame: megabytes with recorded
+        # attention), on the descriptor itself, counting what was written: with Ctrl-C held back meanwhile
+        # (`_WholeMessages`) the message goes whole, and after another exception its rest waits in `_rest` for the
+        # next write (the end record, the close frame) to finish first.
+        guarded = self._guarded and threading.current_thread() is threading.main_thread()
+        if guarded:
+            _WHOLE.enter()
         try:
-            # Two writes: prefixing by concatenation would copy every frame (megabytes with recorded attention).
-            self._proc.stdin.write(_LEN.pack(len(data)))  # type: ignore[union-attr]
-            self._proc.stdin.write(data)  # type: ignore[union-attr]
-            self._proc.stdin.flush()  # type: ignore[union-attr]
-        except (BrokenPipeError, OSError, ValueError):
-            raise self._pipe_broke() from None
+            self._finish_rest()
+            self._rest = [_LEN.pack(len(data)), memoryview(data)]
+            self._finish_rest()
+        finally:
+            if guarded:
+                _WHOLE.leave()
+
+    def _finish_rest(self) -> None:
+        """Write what is left of the message being written (blocking)."""
+        rest = self._rest
+        while rest:
+            try:
+                n = os.writev(self._proc.stdin.fileno(), rest)  # type: ignore[union-attr]
+            except (BrokenPipeError, OSError, ValueError):
+                rest.clear()
+                raise self._pipe_broke() from None
+            while rest and n >= len(rest[0]):
+                n -= len(rest.pop(0))
+            if n:
+                rest[0] = memoryview(rest[0])[n:]
 
     def _pipe_broke(self) -> TraceError:
         """A write to the child failed: remember why it died (its own last words) and return the error to raise."""
@@ -865,6 +965,14 @@ class ProcessTraceWriter:
         """Queue a `meta` row (see `TraceWriter.write_meta`)."""
         self._send("meta", (str(key), str(value)))
 
+    def set_end(self, state: str, *, lost_in_flight: int | None, detail: str = "",
+                error_step: int | None = None) -> None:
+        """Say how the run ended (see `TraceWriter.set_end`); the child stores it when it closes the trace. Without
+        it a close records "closed", and a pipe that ends with no close frame records "engine_ended"."""
+        lost = None if lost_in_flight is None else int(lost_in_flight)
+        self._send("end", {"state": str(state), "lost_in_flight": lost, "detail": str(detail),
+                           "error_step": None if error_step is None else int(error_step)})
+
     def flush(self) -> None:
         """Wait until everything sent is committed."""
         self._send("flush", None)
@@ -889,6 +997,7 @@ class ProcessTraceWriter:
                 msg = e.problem
         self._stop_sender()
         self._stop_child()
+        self._release_sigint()
         check_err = self._finish_checker()
         if kind != "closed":
             raise TraceError(msg if msg.startswith("the trace writer") else f"writing the trace failed ({msg})",
@@ -904,9 +1013,15 @@ class ProcessTraceWriter:
             self._sender.join(timeout=self.status_timeout)
             self._sender = None
 
+    def _release_sigint(self) -> None:
+        if self._guarded:
+            self._guarded = False
+            _WHOLE.uninstall()
+
     def abort(self) -> None:
         """Stop both children without waiting for a clean close (what arrived so far is committed)."""
         self._closed = True
+        self._release_sigint()
         for p in (self._proc, self._checker):
             if p is not None and p.poll() is None:
                 try:

@@ -25,6 +25,7 @@ from .query import QueryMixin, StepFilter
 from .schema import (
     MAGIC,
     SCHEMA_MAJOR,
+    EndState,
     FaultReport,
     ForwardMode,
     GraphPhase,
@@ -271,6 +272,12 @@ class TraceReader(QueryMixin):
         """True once the writer closed the trace cleanly (False while live, or after a crash)."""
         with self._guard("reading its meta table"):
             return self._conn.execute("SELECT 1 FROM meta WHERE key = 'closed_ns'").fetchone() is not None
+
+    def end_state(self) -> EndState:
+        """How the run ended (`meta.end_state`; for a trace without that record, what `closed_ns` says)."""
+        with self._guard("reading its end state"):
+            (last,) = self._conn.execute("SELECT max(idx) FROM steps").fetchone()
+        return EndState.from_meta(self.meta(), None if last is None else int(last))
 
     def step(self, i: int, arrays: Iterable[str] | None = None) -> Step:
         """The step with index `i` (TraceIndexError, a TraceError and IndexError, if absent).

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .errors import TraceError
 from .process_writer import ProcessTraceWriter
 from .ring_pack import RingPacker, fused_wanted
 from .schema import CallError, ForwardMode, GraphPhase, RequestRecord
@@ -66,6 +67,21 @@ def keep_until_exit(*objs: Any) -> None:
     """Hold device objects of a dead CUDA context until the process ends: destroying them throws inside a
     destructor (the caching allocator queries the context) and aborts the process."""
     _DEAD_CONTEXT_OBJECTS.append(objs)
+
+
+def end_of(exc: BaseException | None, stopped: bool = False) -> tuple[str, str]:
+    """(state, detail) of the end record for a run that `exc` ended (None: it finished; `stopped`: its controller
+    stopped it): "closed", "stopped", "interrupted" (Ctrl-C: "SIGINT"), "cuda_error" or "error" (the exception's
+    type and the first line of its message)."""
+    if stopped:
+        return "stopped", " ".join(str(exc or "").split())[:300]
+    if exc is None:
+        return "closed", ""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", "SIGINT"  # Python's default SIGINT handler is what raises it
+    first = (str(exc).strip().splitlines() or [""])[0]
+    detail = f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
+    return ("cuda_error" if is_sticky_cuda_error(exc) else "error"), detail
 
 
 def is_sticky_cuda_error(e: BaseException) -> bool:
@@ -205,7 +221,7 @@ class NullRecorder:
     def flush_pending(self) -> None:
         """No-op."""
 
-    def close(self) -> None:
+    def close(self, ended_by: BaseException | None = None, *, stopped: bool = False) -> None:
         """No-op."""
 
 
@@ -235,6 +251,11 @@ class Recorder:
         self._ring = PinnedRing(ring_int64) if self.is_cuda else None
         self._free_events: list[Any] = []
         self._failed: BaseException | None = None  # a sticky CUDA error: no device call may run any more
+        # The steps the latest recorded errors went on, by (type name, message): the end record names the step
+        # carrying the one that ended the run (a run that ends on an error records it last). By value, not the
+        # exception itself: holding one would hold its traceback's frames and their tensors.
+        self._errors_on: dict[tuple[str, str], list[StepRecord]] = {}
+        self._hit: StepRecord | None = None  # the step close() marked with a sticky error
         self.ring: SnapshotRing | None = None  # opened by the engine before it captures graphs
         self._outbox: list[dict[str, Any]] = []  # resolved steps, sent to the writer in batches
         self._later: list[tuple[Callable[..., None], tuple[Any, ...]]] = []  # see `later`
@@ -411,8 +432,14 @@ class Recorder:
 
     def error(self, rec: Any, call: str, exc: BaseException, fatal: bool = False) -> None:
         """Record that `call` raised for this step (type and message verbatim)."""
-        for r in _recs(rec):
+        recs = _recs(rec)
+        for r in recs:
             r.errors.append(CallError(call, type(exc).__name__, str(exc), fatal))
+        key = (type(exc).__name__, str(exc))
+        self._errors_on.pop(key, None)
+        if len(self._errors_on) >= 8:
+            self._errors_on.pop(next(iter(self._errors_on)))
+        self._errors_on[key] = recs
         if fatal:
             self._failed = exc  # the device is gone: from now on nothing is enqueued, synchronized or queried
 
@@ -575,15 +602,24 @@ class Recorder:
         """A finished request's whole record."""
         self.writer.write_request(rec)
 
-    def close(self) -> None:
-        """Wait for the device, write everything pending, and close the trace.
+    def close(self, ended_by: BaseException | None = None, *, stopped: bool = False) -> None:
+        """Wait for the device, write everything pending, record how the run ended, and close the trace.
+
+        `ended_by` is the exception that ended the run (default: the one being handled, if any; none: the run
+        finished); `stopped`: it is a stop the run's controller asked for (a live viewer's), a clean end of a run
+        cut short. The end record (`meta.end_state`) says which, and counts the steps begun that never reach the
+        trace (`lost_in_flight`).
 
         After a sticky CUDA error (the run is failing with it, or synchronizing raises it) nothing touches the
         device again: every pending and unfinished step is written from its host-side record, the step the
         error hit carries it as a fatal CallError, and the trace is closed; the caller's exception goes on."""
         failing = sys.exc_info()[1]
+        if ended_by is None:
+            ended_by = failing
         if failing is not None and is_sticky_cuda_error(failing):
             self._failed = failing
+        elif ended_by is not None and is_sticky_cuda_error(ended_by):
+            self._failed = ended_by
         if self.is_cuda and self._failed is None:
             try:
                 self._drain_all()
@@ -600,19 +636,45 @@ class Recorder:
             self._write_clock_end()
         if self._failed is not None:
             self.run_later()  # poll resolves nothing after a failure; host reads only (the ring is not drained again)
-            self._write_after_failure(self._failed)
+            lost = self._write_after_failure(self._failed)
+            if ended_by is None or not is_sticky_cuda_error(ended_by):
+                ended_by = self._failed  # the device failed first; what the run ended on followed from it
+        else:
+            self._settle()
+            lost = len(self._open) + len(self._pending)  # begun, never ended or held behind one: never written
+        state, detail = end_of(ended_by, stopped)
+        set_end = getattr(self.writer, "set_end", None)  # None: a writer that keeps no end record (a stand-in)
+        try:
+            if set_end is not None:
+                set_end(state, lost_in_flight=lost, detail=detail, error_step=self._error_step(ended_by))
+        except TraceError:
+            pass  # the writer is gone: close() says why (and still stops its processes)
         self.writer.close()
+
+    def _error_step(self, exc: BaseException | None) -> int | None:
+        """The index of the step that carries `exc` (or an exception it was raised from) as a CallError, if any."""
+        if self._hit is not None and self._failed is not None and exc is self._failed:
+            return self._hit.index
+        seen: set[int] = set()
+        while exc is not None and id(exc) not in seen:
+            seen.add(id(exc))
+            indexes = [r.index for r in self._errors_on.get((type(exc).__name__, str(exc)), ()) if r.index >= 0]
+            if indexes:
+                return max(indexes)
+            exc = exc.__cause__ or exc.__context__
+        return None
 
     def _write_clock_end(self) -> None:
         # The offset measured again where the run synchronizes anyway: how far the stamp clock drifted against the
         # host's over the run (nothing corrects it; `specscope info` shows it for a GPU run).
         self.writer.write_meta(CLOCK_END, clock_fact(*bracket_offset(self.compute_stamps, 3)))
 
-    def _write_after_failure(self, err: BaseException) -> None:
+    def _write_after_failure(self, err: BaseException) -> int:
         """Write every step still held from host-side data only: the pending ones and those launched but not
-        finished (a step begun but never launched ran nothing and is left out)."""
+        finished (a step begun but never launched ran nothing and is left out); returns how many were left out."""
         self._settle()
         launched = [r for r in self._open if r.index >= 0]
+        left_out = len(self._open) - len(launched)
         recs = sorted(list(self._pending) + launched, key=lambda r: r.index)
         # Device objects must never be destroyed now: their destructors query the dead context and print C++
         # warnings (or abort). The process is ending; keep them referenced until it does.
@@ -627,6 +689,7 @@ class Recorder:
             # not finished (or else the last one issued) is where it hit.
             hit = max(launched, key=lambda r: r.index) if launched else recs[-1]
             hit.errors.append(CallError("cuda", type(err).__name__, str(err), True))
+            self._hit = hit
         for r in recs:
             r.end_ns = r.end_ns or time.perf_counter_ns()
             if self.is_cuda:
@@ -634,6 +697,7 @@ class Recorder:
                 r.packs, r.floats, r.done_event = [], [], None  # device copies may never have landed
                 r.spans = [s for s in r.spans if type(s.start) is int and type(s.end) is int]  # device stamps lost
             self.writer.write_raw_step(self._resolve(r))
+        return left_out
 
     def _resolve(self, rec: StepRecord) -> dict[str, Any]:
         """The step in the compact form the writer process turns into a schema Step (`step_from_raw`).

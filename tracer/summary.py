@@ -49,6 +49,7 @@ def summarize(reader: TraceReader, *, decode: Decoder | None = None, tokenizer: 
         **({"bundle": bundle} if bundle is not None else {}),
         "schema_version": reader.schema_version,
         "is_closed": reader.is_closed(),
+        "end_state": reader.end_state().to_dict(),
         "run": run.to_dict(),
         "device": run.device,
         "steps": stats["steps"],
@@ -158,7 +159,8 @@ def gpu_clock(meta: dict[str, str]) -> dict[str, Any] | None:
 def format_summary(d: dict[str, Any]) -> str:
     """Human-readable text of a `summarize` dict."""
     run = d["run"]
-    state = "closed" if d["is_closed"] else "live or unclosed"
+    end = d.get("end_state") or {}
+    state = end.get("label") or ("closed" if d["is_closed"] else "live or unclosed")
     out = [f"trace    {d['path']}  (schema {d['schema_version']}, {state})"]
     if d.get("bundle"):
         from .export.bundle import bundle_summary_line
@@ -185,7 +187,8 @@ def format_summary(d: dict[str, Any]) -> str:
                      f"{clock['elapsed_s']:.1f} s, bracket {clock['end_bracket_us']:.1f} us): GPU spans against host "
                      "times are off by up to that (against each other they are exact)")
         elif d["is_closed"]:
-            line += "; no bracket at close (the run ended on an error)"
+            why = end["label"] if end.get("recorded") and end.get("state") != "closed" else "the run ended on an error"
+            line += f"; no bracket at close ({why})"
         else:
             line += "; no bracket at close yet (live, or the run was killed)"
         out.append(line)
@@ -194,6 +197,8 @@ def format_summary(d: dict[str, Any]) -> str:
         out.append(f"  {mode:<14} {n:>9}")
     if d["steps_by_graph"]:
         out.append("graph    " + "  ".join(f"{k}={v}" for k, v in sorted(d["steps_by_graph"].items())))
+    if end:
+        out.append(f"end      {end['description']}")
     out.append("")
     mal = d["mean_accept_length"]
     if mal is None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import atexit
 import collections
+import dataclasses
+import json
 import os
 import sqlite3
 import sys
@@ -34,7 +36,7 @@ import numpy as np
 from . import codec, tables
 from .batch_queue import BatchQueue
 from .errors import TraceError
-from .schema import RequestRecord, RunInfo, Step, Violation
+from .schema import END_STATE_KEY, EndState, RequestRecord, RunInfo, Step, Violation
 
 _SEEN_DIGESTS = 8192  # blobs the encoder knows are stored; page tables repeat across nearby steps
 # A changed page table is compressed against the last stand-alone version of the same array (a "key"),
@@ -50,6 +52,7 @@ DICT_BYTES = 16384
 _STOP = "stop"
 _FLUSH = "flush"
 _SET_META = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"  # a meta row, inserted or replaced
+END_STATES_STORED = ("closed", "stopped", "interrupted", "engine_ended", "cuda_error", "error")
 
 
 def connect_rw(path: str, timeout: float = 30.0) -> sqlite3.Connection:
@@ -105,6 +108,9 @@ class TraceWriter:
         self._max_span_ns = 0
         self._dict_rows: list[tuple[int, bytes]] | None = None
         self._pending: list[_Op] = []  # sync mode: encoded, not yet committed
+        # How the run ended, stored at close (`set_end` / `copy_end`; a close told nothing records "closed").
+        self._end: EndState | None = None
+        self._end_step_own = True  # the record's `step` is this writer's last committed step
         self._threaded = threaded
         self._thread: threading.Thread | None = None
         if threaded:
@@ -177,6 +183,23 @@ class TraceWriter:
     def add_violations(self, violations: Iterable[Violation], source: str = "check") -> None:
         """Queue violations found outside the recorder (e.g. by a checker) for the violations table."""
         self._put(("violations", (list(violations), source)))
+
+    def set_end(self, state: str, *, lost_in_flight: int | None, detail: str = "",
+                error_step: int | None = None) -> None:
+        """Say how the run ended; stored at close as `meta.end_state`, its `step` the last step this writer committed
+        (the one that knows it). `state` is one of `schema.END_STATES` that a writer stores."""
+        if state not in END_STATES_STORED:
+            raise ValueError(f"unknown end state {state!r} (one of {', '.join(END_STATES_STORED)})")
+        with self._lock:
+            self._end = EndState(state, None, lost_in_flight, detail, error_step)
+            self._end_step_own = True
+
+    def copy_end(self, end: EndState) -> None:
+        """Store `end` as it is at close (its step numbers included): a copy of a trace (a bundle, an upgrade) says
+        how the run it copies ended. A record-less `end` (an older trace) leaves the copy without one too."""
+        with self._lock:
+            self._end = end
+            self._end_step_own = False
 
     def commit(self) -> None:
         """Sync mode: commit everything written so far (threaded mode commits on its own)."""
@@ -356,13 +379,27 @@ class TraceWriter:
     def _finish(self) -> None:
         try:
             if self._error is None:
-                self._conn.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('closed_ns', ?)", (str(time.time_ns()),)
-                )
+                rows = [("closed_ns", str(time.time_ns()))]
+                end = self._end_record()
+                if end is not None:
+                    rows.append((END_STATE_KEY, json.dumps(end)))
+                # One transaction: a file is either closed with its end record or neither.
+                self._conn.execute("BEGIN")
+                self._conn.executemany(_SET_META, rows)
+                self._conn.execute("COMMIT")
             settle(self._conn)
             self._conn.close()
         except sqlite3.Error as e:
             self._fail(e)
+
+    def _end_record(self) -> dict[str, Any] | None:
+        """`meta.end_state`'s object for this close (None: a copied trace that had none)."""
+        end = self._end
+        if end is None:  # nobody said how the run ended: the writer was closed on purpose
+            return EndState("closed", self._last_index, None).record()
+        if not self._end_step_own:
+            return end.record() if end.recorded else None
+        return dataclasses.replace(end, step=self._last_index).record()
 
     def _commit_pending(self) -> None:
         ops, self._pending = self._pending, []
