@@ -658,7 +658,7 @@ class Audit:
                 params = [p.arg for p in fn.args.posonlyargs + fn.args.args]
                 if "speculative_algorithm" not in params:
                     continue
-                args = [Const(name) if p == "speculative_algorithm" else Unknown(p) for p in params]
+                args: list[Value] = [Const(name) if p == "speculative_algorithm" else Unknown(p) for p in params]
                 for o in ev.run(m, fn, args):
                     if o.kind == "return" and isinstance(o.value, Const) and isinstance(o.value.value, str) \
                             and o.value.value.upper() in members and o.value.value.upper() != name.upper():

@@ -222,21 +222,22 @@ class Evaluator:
         env: dict[str, Value] = {}
         a = fn.args
         params = [p.arg for p in a.posonlyargs + a.args]
-        defaults = [None] * (len(params) - len(a.defaults)) + list(a.defaults)
-        positional = ([bound] if bound is not None else []) + list(args)
+        defaults: list[ast.expr | None] = [None] * (len(params) - len(a.defaults)) + list(a.defaults)
+        positional: list[Value] = ([bound] if bound is not None else []) + list(args)
         frame = _Frame(module, fn)
-        for i, p in enumerate(params):
+        for i, name in enumerate(params):
+            default = defaults[i]
             if i < len(positional):
-                env[p] = positional[i]  # type: ignore[assignment]
-            elif p in kwargs:
-                env[p] = kwargs[p]
-            elif defaults[i] is not None:
-                env[p] = self._safe_eval(defaults[i], _State({}, ()), _Frame(module, None), depth)
+                env[name] = positional[i]
+            elif name in kwargs:
+                env[name] = kwargs[name]
+            elif default is not None:
+                env[name] = self._safe_eval(default, _State({}, ()), _Frame(module, None), depth)
             else:
-                env[p] = Unknown(p)
-        for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=False):
-            env[p.arg] = kwargs.get(p.arg) or (self._safe_eval(d, _State({}, ()), _Frame(module, None), depth)
-                                               if d is not None else Unknown(p.arg))
+                env[name] = Unknown(name)
+        for kw, d in zip(a.kwonlyargs, a.kw_defaults, strict=False):
+            env[kw.arg] = kwargs.get(kw.arg) or (self._safe_eval(d, _State({}, ()), _Frame(module, None), depth)
+                                                 if d is not None else Unknown(kw.arg))
         if a.vararg:
             env[a.vararg.arg] = Unknown(a.vararg.arg)
         if a.kwarg:
@@ -292,7 +293,7 @@ class Evaluator:
         hit = self.index.lookup(cls, name)
         if hit is None or not isinstance(hit[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
             return Unknown(text)
-        owner, fn = hit
+        owner, fn = hit[0], hit[1]
         deco = {ast.unparse(d) for d in fn.decorator_list}
         bound: Value | None = None if "staticmethod" in deco else recv
         return self._collapse(self._call(owner.module, fn, args, kwargs, bound, depth + 1))
@@ -639,7 +640,7 @@ class Evaluator:
             v = self._safe_eval(e.args[0], s, frame, depth)
             if isinstance(v, Const) and isinstance(v.value, (tuple, frozenset, str)):
                 try:
-                    return Const(_BUILTIN_CONTAINERS[f.id](v.value))  # type: ignore[operator]
+                    return Const(_BUILTIN_CONTAINERS[f.id](v.value))
                 except TypeError:
                     return Unknown(text)
             return Unknown(text)
@@ -701,12 +702,12 @@ def _compare(op: ast.cmpop, a: Value, b: Value) -> bool | None:
     if isinstance(op, (ast.In, ast.NotIn)):
         if isinstance(b, Const) and isinstance(b.value, (tuple, frozenset, str, list, dict)) and isinstance(a, Const):
             try:
-                r = a.value in b.value  # type: ignore[operator]
+                r = a.value in b.value
             except TypeError:
                 return None
         elif isinstance(b, (Seq, Const)):
             items: tuple[Value, ...] = b.items if isinstance(b, Seq) else tuple(
-                Const(x) for x in b.value) if isinstance(b.value, (tuple, frozenset)) else ()  # type: ignore[union-attr]
+                Const(x) for x in b.value) if isinstance(b.value, (tuple, frozenset)) else ()
             if not items and not (isinstance(b, Const) and isinstance(b.value, (tuple, frozenset))):
                 return None
             hits = [_same(a, x) for x in items]
