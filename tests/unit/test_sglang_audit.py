@@ -174,6 +174,24 @@ def test_the_docs_recipes_pass_the_audit(capsys: pytest.CaptureFixture[str]) -> 
         assert rc == 0, (" ".join(cmd), d["verdict"]["headline"])
 
 
+def test_a_folder_reads_like_its_wheel(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # .ci/run installs 0.5.12 with `pip --target` (a site-packages-like folder); the tests of the integration use it.
+    folder = Path(os.environ.get("SPECSCOPE_SGLANG_0_5_12") or REPO / ".sglang-0.5.12")
+    _, from_wheel = audit(capsys, "0.5.12")
+    if not (folder / "sglang").is_dir():
+        pytest.skip(f"{folder}: no sglang 0.5.12 folder")
+    assert cli_main(["sglang-audit", "--sglang", str(folder), "--json"]) == 0
+    from_folder = json.loads(capsys.readouterr().out)
+    assert from_folder["sglang"]["version"] == "0.5.12"
+    assert from_folder["counts"] == from_wheel["counts"]
+    assert [r["class"] for r in from_folder["classes"]] == [r["class"] for r in from_wheel["classes"]]
+    # --version X finds the cached wheel.
+    from specscope.integrations.sglang_audit_source import find_wheel
+
+    monkeypatch.setenv("SPECSCOPE_SGLANG_WHEELS", str(WHEELS))
+    assert find_wheel("0.5.12") == wheel("0.5.12")
+
+
 def test_the_real_cli_exits_1_when_the_verify_would_raise() -> None:
     w = wheel("0.5.23")
     p = subprocess.run([sys.executable, "-m", "specscope.ui.cli", "sglang-audit", "--sglang", str(w), "-q",
