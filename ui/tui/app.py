@@ -396,8 +396,14 @@ class SpecscopeApp(App[int]):
             t.append("  ")
         if self.controller is not None:
             t.append(self.controller.status_text(), style="#ffd75f")
-        elif self.follow:
-            t.append("following" if not src.is_closed() else "trace closed", style="#ffd75f")
+        elif self.follow and not src.is_closed():
+            t.append("following", style="#ffd75f")
+        else:  # a run cut short says so: its last steps may be missing, and that can be the bug
+            end = src.end_state()
+            if not end.clean:
+                t.append(end.label, style="bold #ff8700")
+            elif self.follow:
+                t.append("trace closed", style="#ffd75f")
         if self.loader.error:
             t.append(f"  {self.loader.error}", style="red")
         if self.message:

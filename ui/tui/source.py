@@ -18,7 +18,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
 
 from specscope.tracer.query import StepFilter, StepIndex
-from specscope.tracer.schema import Step, StepSummary, Violation
+from specscope.tracer.schema import EndState, Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
 from specscope.ui.views import is_byte_level
 
@@ -111,6 +111,7 @@ class TraceSource:
         self._step_wake = threading.Event()
         self._stepper: threading.Thread | None = None
         self._closed = False
+        self._end: EndState | None = None
         self._captures: dict[int, int | None] = {}
         self.violations = ViolationIndex()
         self.checked_through: int | None = None  # steps the table's verdicts cover (None: never checked)
@@ -187,6 +188,12 @@ class TraceSource:
     def is_closed(self) -> bool:
         """Whether the writer closed the trace."""
         return self.reader.is_closed()
+
+    def end_state(self) -> EndState:
+        """How the run ended: closed, stopped, interrupted, ended by an error, or not closed yet (a live trace)."""
+        if self._end is None or self._end.state == "unclosed":  # final once written; the status bar asks often
+            self._end = self.reader.end_state()
+        return self._end
 
     # -- summaries and steps ----------------------------------------------------------------------
 

@@ -176,7 +176,7 @@ def timeline_page(src: TraceSource) -> html.Div:
 
 def _trace_line(src: TraceSource) -> str:
     run = src.run
-    live = "live" if src.is_live() else "closed"
+    live = "live" if src.is_live() else src.end_state().label
     return (f"{os.path.basename(src.name)} · {src.num_steps()} steps{_of_steps(src)} ({live}) · {run.device} · "
             f"kernel {run.attention_kernel} · target {run.target_model} · draft {run.draft_model or '-'}")
 

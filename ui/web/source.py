@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from specscope.tracer.errors import TraceError
 from specscope.tracer.query import StepIndex
-from specscope.tracer.schema import ForwardMode, GraphPhase, Severity, Step, StepSummary, Violation
+from specscope.tracer.schema import EndState, ForwardMode, GraphPhase, Severity, Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
 
 MODES: tuple[str, ...] = tuple(m.value for m in ForwardMode)
@@ -137,6 +137,7 @@ class TraceSource:
         self._reader_closed = False
         self._n = len(self.positions)
         self._closed = self.reader.is_closed()
+        self._end: EndState | None = None
         self._chunk = max(1, int(chunk))
         self._cv = threading.Condition()  # guards cols / _n / _stop / _load_error for the loader
         self._stop = False
@@ -300,6 +301,13 @@ class TraceSource:
     def is_live(self) -> bool:
         """True while the writer has not closed the trace."""
         return not self._closed
+
+    def end_state(self) -> EndState:
+        """How the run ended (closed, stopped, interrupted, ended by an error; `unclosed` while live)."""
+        if self._end is None or self._end.state == "unclosed":  # final once written; every page asks
+            with self._lock:
+                self._end = self.reader.end_state()
+        return self._end
 
     def summary(self, i: int) -> StepSummary:
         """The summary row of step i."""
