@@ -47,7 +47,6 @@ from typing import Any
 from unittest import mock
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 from engine_speed import Bench, BenchError, Preset, load_torch, presets, steady, summarize, versions  # noqa: E402
 from recorder_ablation import LEVELS, recorder_class  # noqa: E402
 

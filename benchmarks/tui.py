@@ -28,8 +28,6 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 from specscope.tracer.schema import Severity, Violation  # noqa: E402
 from specscope.tracer.store import TraceReader, TraceWriter, mark_checked  # noqa: E402
 from trace_store import Workload, _cpu_model, run_info  # noqa: E402

@@ -28,8 +28,6 @@ import tempfile
 import time
 from importlib.metadata import version
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 from trace_store import Workload, run_info  # noqa: E402
 
 TARGETS = {"timeline_s": 2.0, "step_s": 0.5}

@@ -90,10 +90,10 @@ case $part in
       --out "$out/recorder_host.json"
     { lscpu; nproc; for c in 0 1 2 8; do echo "cpu$c siblings $(cat /sys/devices/system/cpu/cpu$c/topology/thread_siblings_list)"; done; } >"$work/cpus.txt" 2>&1
     if python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .gpu/pyspy/*.whl >>"$log" 2>&1; then
-      step warm 240 python scripts/host_profile.py tiny:1 --rounds 3 --per-round 2
+      step warm 240 python benchmarks/host_profile.py tiny:1 --rounds 3 --per-round 2
       step spy 150 /tmp/pyspy/bin/py-spy record --idle --threads --nonblocking -r 400 -f raw -o "$work/prof_tiny1.txt" \
-        -- python scripts/host_profile.py tiny:1 --rounds 12 --per-round 6
-      python scripts/host_profile.py --summarize "$work/prof_tiny1.txt" --top 40 >"$out/host_profile.txt" 2>&1
+        -- python benchmarks/host_profile.py tiny:1 --rounds 12 --per-round 6
+      python benchmarks/host_profile.py --summarize "$work/prof_tiny1.txt" --top 40 >"$out/host_profile.txt" 2>&1
     else
       echo "=== spy skipped: no py-spy wheel in .gpu/pyspy" | tee -a "$log"
     fi

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))  # stepgen, for test modules and their child processes
-
-from specscope.tracer.schema import Severity, Violation  # noqa: E402
-from specscope.tracer.store import TraceWriter  # noqa: E402
-from stepgen import make_request, make_run, make_step  # noqa: E402
+from specscope.tracer.schema import Severity, Violation
+from specscope.tracer.store import TraceWriter
+from stepgen import make_request, make_run, make_step
 
 NUM_STEPS = 12
 

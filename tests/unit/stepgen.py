@@ -130,3 +130,12 @@ def make_request(r: int) -> RequestRecord:
         finish_iteration=None if r % 2 else r + 10,
         finish_reason="unfinished" if r % 2 else "length",
     )
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a child Python process that imports stepgen as the tests do."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": here if not path else here + os.pathsep + path}

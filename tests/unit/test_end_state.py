@@ -20,7 +20,7 @@ from specscope.tracer.checks import check_steps
 from specscope.tracer.process_writer import ProcessTraceWriter
 from specscope.tracer.schema import EndState
 from specscope.tracer.store import TraceReader, TraceWriter
-from stepgen import make_run, make_step
+from stepgen import child_env, make_run, make_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = Path(HERE).parents[1]
@@ -205,8 +205,7 @@ def test_the_writer_process_records_a_pipe_that_ends_without_a_close(tmp_path: P
     for told in (False, True):
         path = str(tmp_path / f"orphan-{told}.db")
         script = textwrap.dedent(f"""
-            import os, sys
-            sys.path.insert(0, {HERE!r})
+            import os
             from specscope.tracer.process_writer import ProcessTraceWriter
             from stepgen import make_run, make_step
             w = ProcessTraceWriter({path!r}, make_run())
@@ -216,7 +215,7 @@ def test_the_writer_process_records_a_pipe_that_ends_without_a_close(tmp_path: P
                 w.set_end("interrupted", lost_in_flight=2, detail="SIGINT")
             os._exit(0)
         """)
-        subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+        subprocess.run([sys.executable, "-c", script], check=True, timeout=60, env=child_env())
         _wait_closed(path)
         with TraceReader(path) as r:
             end = r.end_state()
@@ -288,7 +287,6 @@ def test_traces_without_the_record_read_as_before(tmp_path: Path) -> None:
 CTRL_C_WRITER = textwrap.dedent("""
     import dataclasses, sys
     import numpy as np
-    sys.path.insert(0, sys.argv[2])
     from specscope.tracer.process_writer import ProcessTraceWriter
     from specscope.tracer.schema import ArraySnapshot
     from stepgen import make_run, make_step
@@ -317,8 +315,8 @@ def test_ctrl_c_while_the_pipe_is_full_leaves_no_torn_message(tmp_path: Path, de
     frame that follow are read as themselves and the trace closes as interrupted. A torn message made the close
     wait for its status deadline and left the trace without an end."""
     path = str(tmp_path / "full-pipe.db")
-    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_WRITER, path, HERE], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_WRITER, path], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=child_env())
     try:
         assert proc.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
         time.sleep(delay)

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from pathlib import Path
 
+import pool_overhead
 import pytest
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-sys.path.insert(0, str(RESULTS.parent))
-import pool_overhead  # noqa: E402
 
 FILES = [RESULTS / "tracer_overhead.json", RESULTS / "tracer_overhead_8b.json"]
 

@@ -5,7 +5,6 @@ nodes) and records no later step; `eager-spans` keeps every step and its graph-s
 from __future__ import annotations
 
 import contextlib
-import sys
 from pathlib import Path
 from unittest import mock
 
@@ -13,7 +12,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import recorder_ablation  # noqa: E402
 import specscope.backend.session as session  # noqa: E402
 from specscope.backend.engine_config import EngineConfig  # noqa: E402

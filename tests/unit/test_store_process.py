@@ -16,9 +16,8 @@ from specscope.tracer.errors import TraceError
 from specscope.tracer.process_writer import ProcessTraceWriter, parts_from_raw, raw_from_step, step_from_raw
 from specscope.tracer.schema import CallError, StreamWait
 from specscope.tracer.store import TraceReader
-from stepgen import make_request, make_run, make_step
+from stepgen import child_env, make_request, make_run, make_step
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and pipes")
 
 
@@ -187,8 +186,7 @@ def test_orphaned_child_commits_what_arrived_and_exits(tmp_path: os.PathLike[str
     path = os.path.join(tmp_path, "orphan.db")
     # A parent that sends steps without flushing and then dies abruptly (no close, no atexit).
     script = textwrap.dedent(f"""
-        import os, sys
-        sys.path.insert(0, {HERE!r})
+        import os
         from specscope.tracer.process_writer import ProcessTraceWriter
         from stepgen import make_run, make_step
         w = ProcessTraceWriter({path!r}, make_run())
@@ -197,7 +195,7 @@ def test_orphaned_child_commits_what_arrived_and_exits(tmp_path: os.PathLike[str
         print(w._proc.pid, flush=True)
         os._exit(0)
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=child_env())
     child = int(out.stdout.split()[0])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and os.path.exists(f"/proc/{child}"):

@@ -3,8 +3,8 @@
 Builds tracer_overhead's "off" and "on" engines for one cell, then alternates whole-workload rounds on them inside
 two named functions (`_rounds_off`, `_rounds_on`), so a sampler's stacks split by arm:
 
-    py-spy record --idle --threads --nonblocking -r 400 -f raw -o prof.txt -- python scripts/host_profile.py tiny:1
-    python scripts/host_profile.py --summarize prof.txt      # samples per arm, then the heaviest frames of each
+    py-spy record --idle --threads --nonblocking -r 400 -f raw -o prof.txt -- python benchmarks/host_profile.py tiny:1
+    python benchmarks/host_profile.py --summarize prof.txt      # samples per arm, then the heaviest frames of each
 
 (Blocking sampling slows both arms ~3x; `--native` at 1 kHz falls far behind on the engine's ~30 threads.)
 
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 _LINE = re.compile(r":\d+\)$")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 
 def _rounds_off(bench: Any, s: Any, bs: int, n: int) -> list[float]:

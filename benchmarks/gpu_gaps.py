@@ -8,8 +8,8 @@ CPU ranges around the launch of the kernel after it. Printed per iteration: GPU 
 in a CUDA synchronize, the largest gaps by where they were charged, and the CPU time inside each range. The
 profiler slows the host (about 1.5x here), so read the gaps as "where", not "how much".
 
-    python scripts/gpu_gaps.py llama3-8b:1 tiny:1 llama3-8b:64
-    python scripts/gpu_gaps.py --plan-stream tiny:1      # profile with the plan stream on as well
+    python benchmarks/gpu_gaps.py llama3-8b:1 tiny:1 llama3-8b:64
+    python benchmarks/gpu_gaps.py --plan-stream tiny:1      # profile with the plan stream on as well
 """
 
 from __future__ import annotations
@@ -23,10 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import engine_speed  # noqa: E402
 import torch  # noqa: E402
@@ -154,11 +151,13 @@ def main(argv: list[str]) -> int:
         tmp = tempfile.mkdtemp()
         path = os.path.join(tmp, "t.db") if traced else None
         if label is None:
-            res = bench.session.run_session(cfg, path, command="scripts/gpu_gaps.py", random_weights=p.random_weights)
+            res = bench.session.run_session(cfg, path, command="benchmarks/gpu_gaps.py",
+                                           random_weights=p.random_weights)
             return statistics.median(res.stats.iteration_s[i] * 1e3 for i in engine_speed.steady(res.stats, bs))
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=acts) as prof:
-            res = bench.session.run_session(cfg, path, command="scripts/gpu_gaps.py", random_weights=p.random_weights)
+            res = bench.session.run_session(cfg, path, command="benchmarks/gpu_gaps.py",
+                                           random_weights=p.random_weights)
             torch.cuda.synchronize()
         out = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(out)
