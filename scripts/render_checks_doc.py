@@ -3,8 +3,8 @@
 
     python scripts/render_checks_doc.py docs/detection-cpu.json [docs/detection-h200.json] > docs/checks.md
 
-A detection table whose file predates trace v2 (no fault accounting in its rows) is left out: its entries came
-from engine flags, and the catalogue no longer reads any.
+A detection table without fault accounting in its rows (trace format 1) is left out: its entries came from engine
+flags, which the catalogue does not read.
 """
 
 from __future__ import annotations
@@ -93,12 +93,11 @@ def main() -> None:
         missing = [f.name for f in FAULTS if f.name not in {r["fault"] for r in t["rows"]}
                    and (not f.gpu_only or "cpu" not in t["device"].lower())]
         if missing:
-            out += ["", "Not in this table (it predates them, or the engine loop it ran is older than the current "
-                    "one): "
+            out += ["", "Not in this table (faults the table's run did not inject): "
                     + ", ".join(f"`{m}`" for m in missing) + "."]
     if not any("cpu" not in t["device"].lower() for t in tables):
         out += ["", "## Detection on the H200", "",
-                "Not yet re-run with trace v2 (the earlier table graded engine flags, so it is not shown). To make it:",
+                "No H200 table is given. To make it:",
                 "", "```bash", H200, "```"]
     out += ["", "## Notes", "",
             "- `max-seq-len-q-override`: on the CPU the reference kernel regroups `bs*T` query rows into requests",
@@ -111,14 +110,14 @@ def main() -> None:
             "  timestamps; no wait edge) and the stale values trip value invariants (I5, I12, I13, I34). On a GPU the",
             "  fault drops the plan stream's wait and delays the producer by 10 ms. On the H200 (2026-12-01) the plan",
             "  work still started after the delayed producers ended on the GPU clock (host syncs in the plan path",
-            "  drain the compute stream first, issue 12), so I21 fired on the missing wait edge, not on timestamps.",
+            "  drain the compute stream first), so I21 fired on the missing wait edge, not on timestamps.",
             "- `stale-page-table`: I19 needs the stale cell to hold what the graph's page-table buffer held before",
             "  (recorded at an earlier capture or replay of the same buffer); a wrong cell nobody held is I10 only.",
             "- `wild-page-id` (GPU only) really faults: the illegal memory access is a sticky CUDA error. The run",
             "  exits with one line, and the trace keeps the host-side record of every step still pending (header,",
             "  requests, host arrays such as `seq_lens_cpu`; device snapshots may never have landed) with the step",
             "  the error hit marked by a fatal call error carrying the error verbatim (K1).",
-            "- Steps are numbered in issue order (a forward is numbered at its launch); capture steps come first",
+            "- Steps are numbered in launch order (a forward is numbered when it is launched); capture steps come first",
             "  (iteration -1)."]
     print("\n".join(out))
 
