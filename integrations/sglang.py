@@ -405,6 +405,7 @@ class SglangTracer:
     def _requests(self, p: _Pending) -> tuple[int, list[dict[str, Any]]]:
         """(live rows, request rows) of a step, from its host copies (built in write order)."""
         arr = {n: h for n, h, *_ in p.arrays}
+        assert p.req_args is not None, "only steps with request rows are built into requests"
         mode, raw_bs, T, model, ext, rids = p.req_args
         rpi = arr["req_pool_indices"].tolist()
         if raw_bs is None:
@@ -492,6 +493,7 @@ class SglangTracer:
         for stream, name, a, b in p.spans:
             if isinstance(a, torch.cuda.Event):
                 # GPU spans on the host clock, through the epoch event recorded at the first GPU span.
+                assert self._epoch is not None, "a GPU span is only timed after _ensure_epoch"
                 e_ns, ev = self._epoch
                 spans.append(StreamSpan(stream, name, e_ns + int(ev.elapsed_time(a) * 1e6),
                                         e_ns + int(ev.elapsed_time(b) * 1e6)))
@@ -560,7 +562,7 @@ class SglangTracer:
 _WARNED: list[str] = []
 
 
-def _safely(fn: Callable[[], None]) -> None:
+def _safely(fn: Callable[[], object]) -> None:
     """Run a recording step; a failure there is reported once on stderr and never reaches SGLang."""
     try:
         fn()
@@ -618,15 +620,19 @@ def _recording(method: str, to_prep: Callable[..., _Prep]) -> Callable[[Callable
             try:
                 out = orig(self, *args, **kwargs)
             except BaseException as e:
-                e._specscope_call = method  # type: ignore[attr-defined]
+                e._specscope_call = method  # type: ignore[attr-defined]  # an ad hoc tag: which prep raised
                 _IN_PREP.reset(tok)
-                _safely(lambda err=e: tr.record_prep(self, to_prep(self, *args, **kwargs), start, ev, err))
+
+                def record_error(err: BaseException = e) -> None:  # a default: Python deletes `e` after the handler
+                    tr.record_prep(self, to_prep(self, *args, **kwargs), start, ev, err)
+
+                _safely(record_error)
                 raise
             _IN_PREP.reset(tok)
             _safely(lambda: tr.record_prep(self, to_prep(self, *args, **kwargs), start, ev, None))
             return out
 
-        wrapper._specscope_original = orig  # type: ignore[attr-defined]
+        wrapper._specscope_original = orig  # type: ignore[attr-defined]  # an ad hoc tag on a plain function
         return wrapper
 
     return deco
@@ -665,12 +671,13 @@ def _replay_012(self: Any, bs: int, req_pool_indices: Any, seq_lens: Any, seq_le
     return _Prep(GraphPhase.REPLAY, fb)
 
 
-_PREPS = {"init_forward_metadata": _eager, "init_forward_metadata_out_graph": _out_graph,
-          "init_forward_metadata_capture_cuda_graph": _capture_012,
-          "init_forward_metadata_replay_cuda_graph": _replay_012}
+_PREPS: dict[str, Callable[..., _Prep]] = {
+    "init_forward_metadata": _eager, "init_forward_metadata_out_graph": _out_graph,
+    "init_forward_metadata_capture_cuda_graph": _capture_012,
+    "init_forward_metadata_replay_cuda_graph": _replay_012}
 
 
-def _patch_backend(cls: type) -> None:
+def _patch_backend(cls: type[Any]) -> None:
     if "_specscope_patched" in cls.__dict__:
         return
     saved: dict[str, Any] = {}
@@ -699,7 +706,11 @@ def _patch_backend(cls: type) -> None:
                 out = hook(self, spec_info, cuda_graph_bs)
             except BaseException as e:
                 if tr is not None:
-                    _safely(lambda err=e: tr.record_fixup(self, spec_info, err))
+
+                    def record_error(err: BaseException = e) -> None:  # a default: Python deletes `e` after the handler
+                        tr.record_fixup(self, spec_info, err)
+
+                    _safely(record_error)
                 raise
             if tr is not None:
                 _safely(lambda: tr.record_fixup(self, spec_info, None))
@@ -709,7 +720,7 @@ def _patch_backend(cls: type) -> None:
     cls._specscope_patched = saved
 
 
-def _patch_wrapper(cls: type) -> None:
+def _patch_wrapper(cls: type[Any]) -> None:
     """The multi-step draft wrapper: its fan-out calls are recorded by the step backends; the wrapper only tells
     them which live batch and how many draft steps they serve."""
     if "_specscope_patched" in cls.__dict__:

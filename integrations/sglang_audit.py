@@ -24,6 +24,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TypedDict
 
 from .sglang_audit_eval import (
     Child,
@@ -178,6 +179,12 @@ def _calls_of(body: list[ast.stmt]) -> list[ast.Call]:
             and n.func.attr == METHOD]
 
 
+def _receiver(call: ast.Call) -> ast.expr:
+    """The object a call found by `_calls_of` is made on (`recv` of `recv.METHOD(...)`)."""
+    assert isinstance(call.func, ast.Attribute), "_calls_of keeps attribute calls only"
+    return call.func.value
+
+
 def _first_line(body: list[ast.stmt]) -> str:
     if not body:
         return ""
@@ -326,7 +333,7 @@ class Audit:
             name = "re-raise" if exc is None else ast.unparse(exc.func if isinstance(exc, ast.Call) else exc)
             return Definition(ref, "raises", where, f"raise {name}", exc=name, node=node)
         calls = _calls_of(body)
-        plain = [c for c in calls if not _is_super_call(c.func.value)]  # type: ignore[attr-defined]
+        plain = [c for c in calls if not _is_super_call(_receiver(c))]
         if plain:
             d = Definition(ref, "forwards", where, "", node=node)
             d.targets = self._targets(ref, node, Evaluator(self.index))
@@ -357,7 +364,7 @@ class Audit:
         env["self"] = SelfObj(self_cls)
         out: list[Target] = []
         for call in _calls_of(fn.body):
-            recv = call.func.value  # type: ignore[attr-defined]
+            recv = _receiver(call)
             if _is_super_call(recv):
                 continue
             text = ast.unparse(recv)
@@ -404,11 +411,11 @@ class Audit:
             eff = d
             j = i
             while eff.kind == "super":  # `super().m(...)` and nothing else: the next definition up the MRO acts
-                nxt = next(((k, self.definition(x)) for k, x in enumerate(mro) if k > j
-                            and self.definition(x) is not None), None)
+                nxt = next(((k, dx) for k, x in enumerate(mro) if k > j
+                            and (dx := self.definition(x)) is not None), None)
                 if nxt is None:
                     break
-                j, eff = nxt[0], nxt[1]  # type: ignore[assignment]
+                j, eff = nxt[0], nxt[1]
                 chain.append(eff)
             status = "raise" if eff.raises else ("define" if c == ref else "inherit")
             res = Resolution(ref, self.where(ref), status, d, chain)
@@ -839,6 +846,16 @@ class Leaf:
     conds: tuple[str, ...] = ()
 
 
+class WorkerEntry(TypedDict):
+    """One worker an algorithm can pick, as the verdict reports it."""
+
+    algorithm: str
+    worker: str | None
+    when: list[str]
+    refused: str | None
+    call_site: str | None
+
+
 @dataclass
 class Verdict:
     """The answer for one configuration."""
@@ -849,7 +866,7 @@ class Verdict:
     algorithm: str
     mode: str
     plan_stream: bool
-    workers: list[dict[str, object]]
+    workers: list[WorkerEntry]
     target: str
     leaves: list[Leaf]
     notes: list[str]
@@ -901,7 +918,7 @@ def judge(audit: Audit, cfg: ServerConfig) -> Verdict:
     undecided = [lf for lf in backend_leaves if lf.raises is None]
 
     if algorithm.upper() == "NONE":
-        workers_json: list[dict[str, object]] = []
+        workers_json: list[WorkerEntry] = []
         return _verdict(EXIT_SAFE, "safe: no speculative decoding, so no verify and no fix-up call", cfg, algorithm,
                         mode, plan_on, workers_json, target, backend_leaves, notes, would_raise)
     members = audit.algorithm_members(algorithm)
@@ -910,9 +927,9 @@ def judge(audit: Audit, cfg: ServerConfig) -> Verdict:
     for member, mconds in members:
         for wcls, wconds, refusal in audit.workers(member, values):
             site = audit.reaches(wcls) if wcls is not None else None
-            entry: dict[str, object] = {"algorithm": member, "worker": wcls.name if wcls else None,
-                                        "when": list(mconds + wconds), "refused": refusal or None,
-                                        "call_site": site.where if site else None}
+            entry: WorkerEntry = {"algorithm": member, "worker": wcls.name if wcls else None,
+                                  "when": list(mconds + wconds), "refused": refusal or None,
+                                  "call_site": site.where if site else None}
             workers_json.append(entry)
             # A worker the source does not name (an out-of-tree platform's plugin) is not SGLang's code to judge.
             if site is not None:
@@ -941,7 +958,7 @@ def judge(audit: Audit, cfg: ServerConfig) -> Verdict:
 
 
 def _verdict(code: int, headline: str, cfg: ServerConfig, algorithm: str, mode: str, plan_on: bool,
-             workers: list[dict[str, object]], target: str, leaves: list[Leaf], notes: list[str],
+             workers: list[WorkerEntry], target: str, leaves: list[Leaf], notes: list[str],
              would_raise: bool) -> Verdict:
     return Verdict(code, headline, cfg, algorithm, mode, plan_on, workers, target, leaves, notes, would_raise)
 
@@ -1139,7 +1156,7 @@ def report_text(audit: Audit, verdict: Verdict | None, full: bool = True) -> lis
             what = f"refuses ({w['refused']})" if w["refused"] else (
                 f"calls it at {w['call_site']}" if w["call_site"] else "never calls it" if w["worker"]
                 else "a worker class this source does not name (not judged)")
-            when = f" when {_conds(w['when'])}" if w["when"] else ""  # type: ignore[arg-type]
+            when = f" when {_conds(w['when'])}" if w["when"] else ""
             lines.append(f"  worker: {w['algorithm']} → {w['worker'] or '?'}{when}: {what}")
         for lf in verdict.leaves:
             lines.append("  path: " + " → ".join(lf.steps))

@@ -12,9 +12,23 @@ Standard library only; nothing of SGLang is imported or run.
 from __future__ import annotations
 
 import ast
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from .sglang_audit_index import Binding, ClassRef, FuncRef, Index, ModRef, ValueRef, import_bindings, top_level
+from .sglang_audit_index import (
+    Binding,
+    ClassRef,
+    FuncRef,
+    Index,
+    ModRef,
+    TryBlock,
+    ValueRef,
+    import_bindings,
+    is_try,
+    top_level,
+)
 
 MAX_STATES = 48  # live paths through one function; more are dropped (the answer then says "unknown")
 MAX_DEPTH = 7  # nested calls evaluated
@@ -358,8 +372,8 @@ class Evaluator:
             return [_State(env, s.conds)], []
         if isinstance(st, (ast.With, ast.AsyncWith)):
             return self._block(st.body, [s], frame, depth)
-        if isinstance(st, ast.Try) or type(st).__name__ == "TryStar":
-            return self._try(st, s, frame, depth)  # type: ignore[arg-type]
+        if is_try(st):
+            return self._try(st, s, frame, depth)
         if isinstance(st, (ast.For, ast.AsyncFor, ast.While)):
             # The body once, its loop variable unknown: a return inside it is a possible outcome; the state
             # after the loop is the one before it (what a loop assigns is not tracked).
@@ -391,7 +405,7 @@ class Evaluator:
         l2, o2 = self._block(orelse, [_State(s.env, s.conds + (negate(cond),))], frame, depth)
         return l1 + l2, o1 + o2
 
-    def _try(self, st: ast.Try, s: _State, frame: _Frame, depth: int) -> tuple[list[_State], list[Outcome]]:
+    def _try(self, st: TryBlock, s: _State, frame: _Frame, depth: int) -> tuple[list[_State], list[Outcome]]:
         live, outs = self._block(st.body, [s], frame, depth)
         kept: list[Outcome] = []
         for o in outs:
@@ -493,8 +507,8 @@ class Evaluator:
                            ((negate(cond),), self._safe_eval(e.orelse, s, frame, depth))))
         if isinstance(e, (ast.Tuple, ast.List, ast.Set)):
             items = tuple(self._safe_eval(x, s, frame, depth) for x in e.elts)
-            if all(isinstance(x, Const) for x in items):
-                vals = [x.value for x in items]  # type: ignore[union-attr]
+            vals = [x.value for x in items if isinstance(x, Const)]
+            if len(vals) == len(items):
                 try:
                     return Const(frozenset(vals) if isinstance(e, ast.Set) else tuple(vals))
                 except TypeError:
@@ -516,7 +530,7 @@ class Evaluator:
             raise _Raise("KeyError")  # `Enum[name]` for a name that is not a member
         if isinstance(base, Const) and isinstance(key, Const):
             try:
-                return Const(base.value[key.value])  # type: ignore[index]
+                return Const(_getitem(base.value, key.value))
             except (KeyError, IndexError, TypeError):
                 return Unknown(short(ast.unparse(e)))
         return Unknown(short(ast.unparse(e)))
@@ -618,9 +632,10 @@ class Evaluator:
                     expr: ast.expr, depth: int) -> Value:
         if isinstance(expr, ast.Name) and expr.id in params:
             return Child(expr.id, attr)
-        if isinstance(expr, (ast.List, ast.Tuple)) and all(isinstance(x, ast.Name) and x.id in params
-                                                            for x in expr.elts):
-            return Seq(tuple(Child(x.id, x.id) for x in expr.elts))  # type: ignore[attr-defined]
+        if isinstance(expr, (ast.List, ast.Tuple)):
+            names = [x.id for x in expr.elts if isinstance(x, ast.Name) and x.id in params]
+            if len(names) == len(expr.elts):
+                return Seq(tuple(Child(n, n) for n in names))
         env: dict[str, Value] = {p: Unknown(p) for p in params}
         env["self"] = SelfObj(c)
         v = self._safe_eval(expr, _State(env, ()), _Frame(c.module, init), depth + 1)
@@ -676,6 +691,13 @@ class Evaluator:
         return Const(result)
 
 
+# Python's own operators, applied to interpreted constants of any type: a pair they do not support raises
+# TypeError, as the interpreted code would, and the caller answers "unknown".
+_ORDER: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {ast.Lt: operator.lt, ast.LtE: operator.le,
+                                                           ast.Gt: operator.gt, ast.GtE: operator.ge}
+_getitem: Callable[[Any, Any], Any] = operator.getitem
+
+
 def _same(a: Value, b: Value) -> bool | None:
     if isinstance(a, Const) and isinstance(b, Const):
         try:
@@ -721,17 +743,12 @@ def _compare(op: ast.cmpop, a: Value, b: Value) -> bool | None:
             return None
         return r if isinstance(op, ast.In) else not r
     if isinstance(a, Const) and isinstance(b, Const):
-        try:
-            if isinstance(op, ast.Lt):
-                return bool(a.value < b.value)  # type: ignore[operator]
-            if isinstance(op, ast.LtE):
-                return bool(a.value <= b.value)  # type: ignore[operator]
-            if isinstance(op, ast.Gt):
-                return bool(a.value > b.value)  # type: ignore[operator]
-            if isinstance(op, ast.GtE):
-                return bool(a.value >= b.value)  # type: ignore[operator]
-        except TypeError:
-            return None
+        order = _ORDER.get(type(op))
+        if order is not None:
+            try:
+                return bool(order(a.value, b.value))
+            except TypeError:
+                return None
     return None
 
 

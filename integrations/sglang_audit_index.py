@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
+from typing import Protocol, TypeGuard
 
 from .sglang_audit_source import SourceTree
 
@@ -71,6 +72,20 @@ class ModuleInfo:
     values: dict[str, list[ast.expr]] = field(default_factory=dict)
 
 
+class TryBlock(Protocol):
+    """The fields `try` and `try`/`except*` statements share (`ast.TryStar` exists from Python 3.11 only)."""
+
+    body: list[ast.stmt]
+    handlers: list[ast.ExceptHandler]
+    orelse: list[ast.stmt]
+    finalbody: list[ast.stmt]
+
+
+def is_try(st: ast.stmt) -> TypeGuard[TryBlock]:
+    """Whether `st` is a `try` or a `try`/`except*` statement."""
+    return isinstance(st, ast.Try) or type(st).__name__ == "TryStar"
+
+
 def top_level(body: list[ast.stmt]) -> list[ast.stmt]:
     """The statements of `body` and of the `if` / `try` / `with` blocks in it: what runs at import time."""
     out: list[ast.stmt] = []
@@ -78,11 +93,11 @@ def top_level(body: list[ast.stmt]) -> list[ast.stmt]:
         out.append(st)
         if isinstance(st, ast.If):
             out.extend(top_level(st.body) + top_level(st.orelse))
-        elif isinstance(st, ast.Try) or type(st).__name__ == "TryStar":
-            out.extend(top_level(st.body))  # type: ignore[attr-defined]
-            for h in st.handlers:  # type: ignore[attr-defined]
+        elif is_try(st):
+            out.extend(top_level(st.body))
+            for h in st.handlers:
                 out.extend(top_level(h.body))
-            out.extend(top_level(st.orelse) + top_level(st.finalbody))  # type: ignore[attr-defined]
+            out.extend(top_level(st.orelse) + top_level(st.finalbody))
         elif isinstance(st, (ast.With, ast.AsyncWith)):
             out.extend(top_level(st.body))
     return out

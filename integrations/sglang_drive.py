@@ -89,7 +89,7 @@ def drive(up: UpstreamSglang, trace: str | os.PathLike[str] | None, *, K: int = 
                 kvr, _ = reqs.pop(slot)
                 kvr.release(alloc)
                 r2t.free(slot)
-            new = []
+            new: list[tuple[int, int]] = []  # (req slot, S) of the requests admitted now
             while len(reqs) + len(new) < bs:
                 slot = r2t.alloc()
                 kvr = RequestKV(slot)

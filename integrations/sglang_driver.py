@@ -80,9 +80,11 @@ def specscope_batch(r2t: ReqToTokenPool, kv: KVPool, backend: Any, mode: Forward
     the committed length; DECODE and DRAFT_EXTEND count this forward's tokens in seq_lens, EXTEND's seq_lens
     is the whole length (new tokens after `prefix`)."""
     bs, table = len(rows), r2t.req_to_token
+    ext: list[int] | None  # per-request new tokens and prefix lengths: EXTEND and DRAFT_EXTEND only
+    pre: list[int] | None
     if mode == ForwardMode.EXTEND:
         pre = prefix or [0] * bs
-        ext: list[int] | None = [s - p for (_, s), p in zip(rows, pre, strict=True)]
+        ext = [s - p for (_, s), p in zip(rows, pre, strict=True)]
         seq = [s for _, s in rows]
         pos = [p + j for p, e in zip(pre, ext, strict=True) for j in range(e)]
         slot_of = [slot for (slot, _), e in zip(rows, ext, strict=True) for _ in range(e)]

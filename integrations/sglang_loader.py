@@ -49,7 +49,7 @@ from enum import IntEnum, auto
 from functools import total_ordering
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import torch
 
@@ -132,7 +132,7 @@ def _fused_fp8_set_kv_buffer(**kwargs: Any) -> None:
 
 
 def _make_flashinfer_parents(base: type) -> tuple[type, type]:
-    class FlashInferAttnBackend(base):  # type: ignore[misc, valid-type]
+    class FlashInferAttnBackend(base):
         """Stand-in: the state `TRTLLMHAAttnBackend` inherits (flashinfer_backend.py FlashInferAttnBackend)."""
 
         def __init__(self, model_runner: Any, skip_prefill: bool = False, kv_indptr_buf: Any = None,
@@ -172,7 +172,8 @@ def _extract(path: Path, names: tuple[str, ...], env: dict[str, Any]) -> dict[st
     missing = set(names) - {n.name for n in nodes}
     if missing:
         raise SglangNotFound(f"{path}: no top-level {', '.join(sorted(missing))}")
-    code = compile(ast.Module(body=nodes, type_ignores=[]), str(path), "exec",
+    body: list[ast.stmt] = list(nodes)
+    code = compile(ast.Module(body=body, type_ignores=[]), str(path), "exec",
                    flags=__future__.annotations.compiler_flag, dont_inherit=True)
     ns = dict(env)
     exec(code, ns)  # noqa: S102 - upstream's own definitions, by design
@@ -185,6 +186,16 @@ def _is_sm(major: int) -> Callable[[], bool]:
     return check
 
 
+class UpstreamForwardMode(Protocol):
+    """What drivers read of upstream's `ForwardMode`: an IntEnum class executed from the wheel's source at load
+    time, so its members are known to the type checker only by name."""
+
+    DECODE: Any
+    EXTEND: Any
+    TARGET_VERIFY: Any
+    DRAFT_EXTEND: Any
+
+
 @dataclass
 class UpstreamSglang:
     """One loaded copy of upstream's backend module and the real helpers around it."""
@@ -193,7 +204,7 @@ class UpstreamSglang:
     root: Path  # the sglang package folder
     module: types.ModuleType  # trtllm_mha_backend, executed from the wheel's file
     base_module: types.ModuleType  # base_attn_backend, likewise
-    ForwardMode: type
+    ForwardMode: UpstreamForwardMode
     build_inner_fb_view: Callable[..., Any] | None  # absent before 0.5.13
     build_replay_fb_view: Callable[..., Any] | None  # absent before 0.5.13
 
@@ -250,7 +261,7 @@ def _exec_module(path: Path, modname: str, stubs: dict[str, Any], passthrough: t
 class _Helpers:
     """Upstream's own small definitions, taken from the wheel's source."""
 
-    ForwardMode: type
+    ForwardMode: UpstreamForwardMode
     build_inner_fb_view: Callable[..., Any] | None
     build_replay_fb_view: Callable[..., Any] | None
     canonicalize_stride: Callable[..., Any]
@@ -297,9 +308,8 @@ def _backend_stand_ins(prefix: str, h: _Helpers, base_cls: type, kernels: bool,
     class _SWA:
         """No sliding-window pools here."""
 
-    fbi = _module(prefix, "forward_batch_info", ForwardMode=h.ForwardMode, ForwardBatch=UpstreamBatch)
-    if h.build_inner_fb_view is not None:
-        fbi.build_inner_fb_view = h.build_inner_fb_view
+    inner = {} if h.build_inner_fb_view is None else {"build_inner_fb_view": h.build_inner_fb_view}
+    fbi = _module(prefix, "forward_batch_info", ForwardMode=h.ForwardMode, ForwardBatch=UpstreamBatch, **inner)
     return {
         "sglang.srt.environ": _module(prefix, "environ", envs=_envs(workspace_bytes)),
         "sglang.srt.layers.attention.flashinfer_backend": _module(

@@ -45,6 +45,20 @@ ALL_MODES = (*GRAPH_MODES, ForwardMode.EXTEND)
 PHASES = ("eager", "capture", "replay", "padded replay")
 
 
+class _NoKernels:
+    """The kernels of a backend that only prepares metadata: parity never runs attention."""
+
+    name = "none"
+
+    def decode(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Not available: the parity backends compare metadata only."""
+        raise RuntimeError("the parity backends prepare metadata only; no attention kernel runs")
+
+    def context(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Not available: the parity backends compare metadata only."""
+        raise RuntimeError("the parity backends prepare metadata only; no attention kernel runs")
+
+
 def _ptrs(md: Any) -> dict[str, int]:
     return {n: getattr(md, n).data_ptr() for n in _TENSORS if getattr(md, n, None) is not None}
 
@@ -143,7 +157,7 @@ class ParityHarness:
 
         def ours(step: int = 0) -> TRTLLMHABackend:
             return TRTLLMHABackend(req_to_token_pool=self.r2t, kv_pool=kv, page_size=page_size,
-                                   max_context_len=context_len, num_draft_tokens=K, kernels=None,  # type: ignore
+                                   max_context_len=context_len, num_draft_tokens=K, kernels=_NoKernels(),
                                    device=torch.device("cpu"), speculative_step_id=step, faults=faults)
 
         def mr(draft: bool) -> Any:
