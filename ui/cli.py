@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 # The order `specscope --help` lists them in. Planned: "run", "demo", "check", "tui", "web", "export".
 SUBCOMMANDS: list[str] = ["demo", "run", "check", "info", "export", "replay", "diff", "sglang_hook", "web", "tui",
@@ -34,7 +35,7 @@ def _version() -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors: the line that matters, then where the full usage is."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         _error(f"{message} (see `{self.prog} --help`)")
         sys.exit(EXIT_UNREADABLE)
 

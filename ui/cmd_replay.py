@@ -5,8 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
 from .args import add_step, conflict, real
+
+if TYPE_CHECKING:  # annotations only: run() imports the engine's modules itself, once its flags are checked
+    from specscope.backend.replay import HeadDiff, ReplayResult
+    from specscope.tracer.schema import RunInfo, Step
 
 EXIT_AGREE, EXIT_DISAGREE, EXIT_UNUSABLE = 0, 1, 2
 
@@ -81,13 +86,13 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         text = format_result(res, step, run_info, args.all_heads)
-        if orig is not None:
+        if manifest is not None and orig is not None:
             text = text.replace("\n", f" — step {orig} of {manifest.get('source_trace')}\n", 1)
         sys.stdout.write(text)
     return EXIT_AGREE if res.agrees else EXIT_DISAGREE
 
 
-def _as_json(res, step) -> dict:  # noqa: ANN001 - ReplayResult, Step (imported lazily)
+def _as_json(res: ReplayResult, step: Step) -> dict[str, Any]:
     from specscope.tracer.export.attention_call import COMPARISONS
 
     return {"step": res.step, "model": step.model, "mode": step.mode.value, "kernel": res.kernel, "device": res.device,
@@ -97,7 +102,7 @@ def _as_json(res, step) -> dict:  # noqa: ANN001 - ReplayResult, Step (imported 
             "diffs": [d.__dict__ for d in res.diffs]}
 
 
-def format_result(res, step, run_info, all_heads: bool = False) -> str:  # noqa: ANN001
+def format_result(res: ReplayResult, step: Step, run_info: RunInfo, all_heads: bool = False) -> str:
     """The one-screen replay report."""
     from specscope.tracer.export.attention_call import COMPARISONS
 
@@ -112,12 +117,12 @@ def format_result(res, step, run_info, all_heads: bool = False) -> str:  # noqa:
         lines.append(f"note: {n}")
     head = f"{'request':>8} {'row':>4} {'head':>4}  " + "  ".join(f"{c:>26}" for c in COMPARISONS)
     lines += ["", "max abs / relative difference (rel = ||a-b|| / ||b|| over the request's tokens)", head]
-    by: dict[tuple[int, int, int], dict[str, object]] = {}
+    by: dict[tuple[int, int, int], dict[str, HeadDiff]] = {}
     for d in res.diffs:
         by.setdefault((d.row, d.request_id, d.head), {})[d.comparison] = d
     rows = sorted(by.items())
     if not all_heads:
-        worst: dict[tuple[int, int], tuple[tuple[int, int, int], dict[str, object]]] = {}
+        worst: dict[tuple[int, int], tuple[tuple[int, int, int], dict[str, HeadDiff]]] = {}
         for key, cmp in rows:
             score = max(getattr(x, "rel", 0.0) for x in cmp.values())
             k2 = key[:2]
@@ -127,12 +132,12 @@ def format_result(res, step, run_info, all_heads: bool = False) -> str:  # noqa:
     for (row, rid, h), cmp in rows:
         cells = []
         for c in COMPARISONS:
-            d = cmp.get(c)
-            if d is None:
+            hd = cmp.get(c)
+            if hd is None:
                 cells.append(f"{'-':>26}")
                 continue
-            flag = " !" if d.rel > res.tol else "  "  # type: ignore[attr-defined]
-            cells.append(f"{d.max_abs:>11.3g} / {d.rel:>9.3g}{flag}")  # type: ignore[attr-defined]
+            flag = " !" if hd.rel > res.tol else "  "
+            cells.append(f"{hd.max_abs:>11.3g} / {hd.rel:>9.3g}{flag}")
         lines.append(f"{rid:>8} {row:>4} {h if all_heads else str(h) + '*':>4}  " + "  ".join(cells))
     if not all_heads and rows:
         lines.append("(* the worst head of each request; --all-heads prints every head)")

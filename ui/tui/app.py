@@ -279,6 +279,7 @@ class SpecscopeApp(App[int]):
         src = self.source
         st = src.step(i)
         s = src.summary(i)
+        assert s is not None, "a held step has a summary"
         viols = src.violations.at(i)
         if cell is None and violation is not None:
             cell = m.violation_cell(violation, st)

@@ -29,7 +29,7 @@ class MainScreen(Screen):
     async def _on_idle(self, event: events.Idle) -> None:
         # Screen._on_idle (which resumes the frame timer) runs after this unless the event's default is prevented.
         if not (self.frame_now and FRAME_ON_IDLE and callable(_TICK)) or not self.is_current or \
-                getattr(self.app, "_batch_count", 0):
+                bool(getattr(self.app, "_batch_count", 0)):
             return
         self.frame_now = False
         if (getattr(self, "_layout_required", False) or getattr(self, "_scroll_required", False) or

@@ -8,6 +8,7 @@ and a full-pane repaint (border title included), about a third of the frame.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING, TypedDict
 
 from rich.cells import cell_len
 from rich.segment import Segment
@@ -15,6 +16,9 @@ from rich.style import Style
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 ELLIPSIS = "…"
 
@@ -58,7 +62,7 @@ class Lines:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Lines) and self.rows == other.rows
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # Python's way to say unhashable (mutable, with __eq__)
 
 
 def fit(segments: list[Segment], width: int, base: Style, ellipsis: bool = True) -> Strip:
@@ -86,12 +90,21 @@ def _background(base: Style) -> Style:
     return Style(bgcolor=base.bgcolor)
 
 
+class WidgetArgs(TypedDict, total=False):
+    """The keyword arguments every Textual widget (and so every pane here) passes on to Textual."""
+
+    name: str | None
+    id: str | None
+    classes: str | None
+    disabled: bool
+
+
 class LinePane(Widget):
     """A fixed-size pane of styled lines (see `Lines`). `update` diffs the new lines against the shown ones and
     repaints only those that differ; the pane never needs a layout pass."""
 
-    def __init__(self, text: Lines | str = "", **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
+    def __init__(self, text: Lines | str = "", **kw: Unpack[WidgetArgs]) -> None:
+        super().__init__(**kw)
         self._lines = text if isinstance(text, Lines) else Lines(text)
         self._strips: dict[int, Strip] = {}
         self._strips_key: tuple = ()

@@ -283,10 +283,11 @@ class SlidingHist:
             spans = [(lo, hi, sign) for lo, hi, sign in ((self.a, a, -1), (b, self.b, -1), (a, self.a, 1),
                                                        (self.b, b, 1)) if hi > lo]
             parts = [(rows(lo, hi), sign) for lo, hi, sign in spans]
-            if any(p is None for p, _ in parts):
+            ready = [(p, sign) for p, sign in parts if p is not None]
+            if len(ready) < len(parts):
                 return None
-            for p, sign in parts:
-                self._add(p, sign)  # type: ignore[arg-type]
+            for p, sign in ready:
+                self._add(p, sign)
         self.a, self.b = a, b
         n = max((k for k, c in self.lengths.items() if c > 0), default=0)
         return self.counts[:n]

@@ -12,10 +12,12 @@ were never checked. Background work uses its own reader, so the UI thread never 
 from __future__ import annotations
 
 import bisect
+import enum
 import queue
 import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Final
 
 from specscope.tracer.query import StepFilter, StepIndex
 from specscope.tracer.schema import EndState, Step, StepSummary, Violation
@@ -24,11 +26,20 @@ from specscope.ui.views import is_byte_level
 
 from .model import Grid, classify, violation_key
 
+if TYPE_CHECKING:
+    from specscope.tracer.checks import Checker
+
 BLOCK = 64  # small: a far jump fetches one screen of summaries on the UI thread; neighbours are prefetched
 _BLOCKS_KEPT = 256
 _STEPS_KEPT = 48
-_MISSING = object()
 AUTO_CHECK_MAX_STEPS = 20_000  # beyond this the TUI checks only when asked (palette: "Check the trace")
+
+
+class _Missing(enum.Enum):
+    MISSING = enum.auto()  # no classified grid cached (a cached grid can be None: a step with no page table)
+
+
+_MISSING: Final = _Missing.MISSING
 
 
 class ViolationIndex:
@@ -303,14 +314,14 @@ class TraceSource:
             with self._lock:
                 if i in self._steps:
                     self._grids[i] = g
-        return g  # type: ignore[return-value]
+        return g
 
-    def _store_step(self, i: int, st: Step, grid: object) -> None:
+    def _store_step(self, i: int, st: Step, grid: Grid | None | _Missing) -> None:
         with self._lock:
             self._steps[i] = st
             self._steps.move_to_end(i)
             if grid is not _MISSING:
-                self._grids[i] = grid  # type: ignore[assignment]
+                self._grids[i] = grid
             while len(self._steps) > _STEPS_KEPT:
                 old, _ = self._steps.popitem(last=False)
                 self._grids.pop(old, None)
@@ -385,7 +396,9 @@ class TraceSource:
             j -= 1
         if j == 0:
             return None if j == start else at(0)
-        prev_it = self.summary(at(j - 1)).iteration  # type: ignore[union-attr]
+        prev = self.summary(at(j - 1))
+        assert prev is not None, "every row of the list holds a summary"
+        prev_it = prev.iteration
         j -= 1
         while j > 0 and (s := self.summary(at(j - 1))) is not None and s.iteration == prev_it:
             j -= 1
@@ -423,7 +436,7 @@ class BackgroundLoader:
         self.initial = threading.Event()  # the violations present at start are loaded (and checked)
         self.stop = threading.Event()
         self.error: str | None = None
-        self._checker = None
+        self._checker: Checker | None = None
         self._fed = -1
         self._thread = threading.Thread(target=self._main, name="specscope-tui-loader", daemon=True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from rich.segment import Segment
@@ -18,8 +19,13 @@ from textual.strip import Strip
 from textual.widgets import Tree
 
 from . import model as m
-from .lines import LinePane, Lines, text_width
+from .lines import LinePane, Lines, WidgetArgs, text_width
 from .source import TraceSource
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .app import SpecscopeApp
 
 MODE_SHORT = {"EXTEND": "extend", "DECODE": "decode", "DRAFT_DECODE": "draft", "TARGET_VERIFY": "verify",
               "DRAFT_EXTEND": "d-ext"}
@@ -92,8 +98,8 @@ class StepList(ScrollView, can_focus=True):
             super().__init__()
             self.index = index
 
-    def __init__(self, source: TraceSource, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
+    def __init__(self, source: TraceSource, **kw: Unpack[WidgetArgs]) -> None:
+        super().__init__(**kw)
         self.source = source
         self.cursor = 0
 
@@ -133,7 +139,7 @@ class StepList(ScrollView, can_focus=True):
         row = max(0, min(self.source.num_steps() - 1, row))
         i = self.source.index_at(row)
         if i is not None:
-            self.app.move_to(i)  # type: ignore[attr-defined]
+            cast("SpecscopeApp", self.app).move_to(i)  # the step list lives only in the specscope app
 
     def render_line(self, y: int) -> Strip:
         """Header on line 0, then one summary per line."""
@@ -143,7 +149,7 @@ class StepList(ScrollView, can_focus=True):
         row = int(self.scroll_offset.y) + y - 1
         i = self.source.index_at(row)
         s = None if i is None else self.source.summary(i)
-        if s is None:
+        if i is None or s is None:
             return Strip.blank(width)
         nv = self.source.num_violations(s)
         text = step_row_text(s, width, nv).ljust(width)[:width]
@@ -176,7 +182,7 @@ class TextPane(LinePane):
 class Timeline(TextPane):
     """Plan / compute / host streams for the steps around the current one (current step highlighted)."""
 
-    def __init__(self, source: TraceSource, **kw: object) -> None:
+    def __init__(self, source: TraceSource, **kw: Unpack[WidgetArgs]) -> None:
         super().__init__("", **kw)
         self.source = source
         self._cache: dict[int, list[SpanRow]] = {}
@@ -309,8 +315,8 @@ class RequestsTable(ScrollView, can_focus=True):
     HEADERS = ("row", "req", "slot", "seq before→after", "q", "acc", "draft", "accepted")
     FIXED = 2
 
-    def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
+    def __init__(self, **kw: Unpack[WidgetArgs]) -> None:
+        super().__init__(**kw)
         # Per row, per column: (runs of (text, style), the cell's own style, width in cells). Plain tuples, not
         # Rich Text: a bs-64 step builds 512 cells, and only the ~12 visible rows are ever turned into segments.
         self.rows: list[list[_TCell]] = []
@@ -466,13 +472,13 @@ class PageGrid(ScrollView, can_focus=True):
         Binding("l", "scroll_right", show=False),
     ]
 
-    def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
+    def __init__(self, **kw: Unpack[WidgetArgs]) -> None:
+        super().__init__(**kw)
         self.grid: m.Grid | None = None
         self.zoom = 0  # index into model.ZOOMS
         self.highlight: m.Cell | None = None
         self._auto_fit = True
-        self._zoom_cache: tuple | None = None
+        self._zoom_cache: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray]] | None = None
         self._lines: dict[tuple, Strip] = {}
 
     # -- layout ----------------------------------------------------------------------------------
@@ -650,10 +656,10 @@ class PageGrid(ScrollView, can_focus=True):
                 else:
                     runs.append([txt, sty])
         else:
-            cls, first = self._zoomed(z)
+            cls, first_col = self._zoomed(g, z)
             c1 = min(cls.shape[1], sx + gw)
             for c, k in enumerate(cls[r, c0:c1].tolist(), c0):
-                sty = self._cell_style(k, r, int(first[c]), z)
+                sty = self._cell_style(k, r, int(first_col[c]), z)
                 if runs and runs[-1][1] is sty:
                     runs[-1][0] += m.SYMBOLS[k]
                 else:
@@ -661,11 +667,11 @@ class PageGrid(ScrollView, can_focus=True):
         segs.extend(_crop([Segment(t, sty) for t, sty in runs], sx - c0 * cw, gw))
         return Strip(segs, width) if width >= lw else Strip(segs).crop(0, width)
 
-    def _zoomed(self, z: int) -> tuple[np.ndarray, np.ndarray]:
-        """The zoomed-out classes, computed once per grid and zoom (not once per drawn line)."""
-        key = (id(self.grid), z)
+    def _zoomed(self, grid: m.Grid, z: int) -> tuple[np.ndarray, np.ndarray]:
+        """The zoomed-out classes of `grid`, computed once per grid and zoom (not once per drawn line)."""
+        key = (id(grid), z)
         if self._zoom_cache is None or self._zoom_cache[0] != key:
-            self._zoom_cache = (key, m.zoom_cells(self.grid, z))  # type: ignore[arg-type]
+            self._zoom_cache = (key, m.zoom_cells(grid, z))
         return self._zoom_cache[1]
 
     def _cell_style(self, k: int, r: int, col: int, z: int = 1) -> Style:
@@ -719,9 +725,9 @@ def _ticks(ncells: int, z: int) -> str:
     return "".join(out)
 
 
-def _at(arr: object, i: int) -> str:
+def _at(arr: Sequence[int], i: int) -> str:
     try:
-        return str(int(arr[i]))  # type: ignore[index]
+        return str(int(arr[i]))
     except (TypeError, IndexError):
         return "-"
 
@@ -758,8 +764,8 @@ class ViolationsPanel(Tree):
 
     MAX_PER_GROUP = 200
 
-    def __init__(self, **kw: object) -> None:
-        super().__init__("violations", **kw)  # type: ignore[arg-type]
+    def __init__(self, **kw: Unpack[WidgetArgs]) -> None:
+        super().__init__("violations", **kw)
         self.show_root = False
         self._version = -1
 

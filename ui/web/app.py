@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dash
 from dash import Dash, Input, Output, State, dcc, html, no_update
@@ -21,6 +21,9 @@ from specscope.ui import views
 from . import figures, pages, scripts
 from .routes import InputError, RouteError, parse_route, step_href
 from .source import TraceSource
+
+if TYPE_CHECKING:
+    from specscope.tracer.diff import DiffReport
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Dash serves its assets folder from disk; point it at a folder that does not exist, so no request path is ever
@@ -139,7 +142,7 @@ class Dashboard:
             self.sources["b"] = TraceSource(compare_with, "b")
         self.version = 0
         self._lock = threading.Lock()
-        self._divergence: tuple[tuple[int, int], Any] | None = None
+        self._divergence: tuple[tuple[int, int], DiffReport] | None = None
         # The step page after the one just served, built ahead while the browser draws (stepping with → is the
         # explorer's hot path): {(trace, step, trace length): components}, and the thread building it.
         self._ahead: dict[tuple[str, int, int], Any] = {}
@@ -166,7 +169,7 @@ class Dashboard:
             raise RouteError(f"no trace {key!r}")
         return self.sources[key]
 
-    def divergence(self) -> Any:
+    def divergence(self) -> DiffReport:
         """The A/B `tracer.diff.DiffReport` (cached per pair of trace lengths)."""
         from specscope.tracer.diff import diff_traces
 
@@ -275,9 +278,11 @@ def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms:
     # explicit root path (Flask cannot infer one for a module of the `specscope` namespace package).
     server = flask.Flask("specscope_web", root_path=_HERE, instance_path=_NO_ASSETS, static_folder=None)
     app = Dash(
-        "specscope_web", server=server, title="specscope", assets_folder=_NO_ASSETS, include_assets_files=False,
+        "specscope_web", server=server,  # type: ignore[arg-type]  # Dash documents a Flask instance; its hint omits it
+        title="specscope", assets_folder=_NO_ASSETS, include_assets_files=False,
         suppress_callback_exceptions=True, index_string=_index(scripts.preload_links(plotly_path)),
-        update_title=None, serve_locally=True, enable_mcp=False, use_pages=False,
+        update_title=None,  # type: ignore[arg-type]  # Dash documents None (keep the title); its hint says str
+        serve_locally=True, enable_mcp=False, use_pages=False,
         eager_loading=False,  # Dash's async bundles on demand; plotly.js is ours (scripts.py)
         hooks={"layout_pre": scripts.layout_pre_hook(plotly_path)},
     )  # fmt: skip
@@ -303,8 +308,8 @@ def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms:
         ])
 
     app.layout = layout
-    app.dashboard = d  # type: ignore[attr-defined]
-    app.plotly_bundle = bundle  # type: ignore[attr-defined]
+    app.dashboard = d  # type: ignore[attr-defined]  # our handles on the app (tests read them): not Dash attributes
+    app.plotly_bundle = bundle  # type: ignore[attr-defined]  # as above
     app.server.register_error_handler(Exception, _http_error)
     _register(app, d)
     return app
@@ -385,7 +390,7 @@ def _register(app: Dash, d: Dashboard) -> None:
     def recentre(click: object, value: object) -> Any:
         src = d.source("a")
         first, last = src.first_index(), src.last_index()  # indexes, as the slider's
-        x = _clicked_step({"points": [{"x": round(click["points"][0]["x"])}]} if isinstance(click, dict)  # type: ignore[index]
+        x = _clicked_step({"points": [{"x": round(click["points"][0]["x"])}]} if isinstance(click, dict)
                           and click.get("points") else click)
         width = 100
         if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):

@@ -7,12 +7,12 @@ step page together. Numbers travel as numpy arrays, which Dash's encoder passes 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from specscope.tracer.schema import SpanRow
-from specscope.ui.views import SYMBOLS, AcceptanceStats, CellKind, PageGrid, bin_columns
+from specscope.ui.views import SYMBOLS, AcceptanceStats, CellKind, PageCell, PageGrid, bin_columns
 
 from .models import GroupRow, Series, StepStreams
 
@@ -43,8 +43,8 @@ _TIMELINE_MARGIN = {"l": 72, "r": 20, "t": 62, "b": 56}
 _COLORWAY = ["#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3f3", "#FF6692", "#B6E880"]
 
 
-def axis(title: str | None = None, **kw: Any) -> dict[str, Any]:
-    """An axis in the dashboard's style (`title` as its title text)."""
+def axis(title: str | None = None, /, **kw: Any) -> dict[str, Any]:
+    """An axis in the dashboard's style (`title` as its title text; every keyword is an axis property)."""
     out: dict[str, Any] = {**_AXIS, **kw}
     if title is not None:
         out["title"] = {"text": title, "standoff": 15}
@@ -170,13 +170,13 @@ KIND_SHORT = {
 }  # fmt: skip
 
 
-def _hover(c: object) -> str:
-    who = "padded row" if c.owner is None else f"request {c.owner}"  # type: ignore[attr-defined]
-    text = f"{who} · {KIND_SHORT[c.kind]}"  # type: ignore[attr-defined]
-    if c.expected_page is not None and c.expected_page != c.page:  # type: ignore[attr-defined]
-        text += f" (req_to_token gives {c.expected_page})"  # type: ignore[attr-defined]
-    if c.shared_with:  # type: ignore[attr-defined]
-        text += f" with {', '.join(map(str, c.shared_with))}"  # type: ignore[attr-defined]
+def _hover(c: PageCell) -> str:
+    who = "padded row" if c.owner is None else f"request {c.owner}"
+    text = f"{who} · {KIND_SHORT[c.kind]}"
+    if c.expected_page is not None and c.expected_page != c.page:
+        text += f" (req_to_token gives {c.expected_page})"
+    if c.shared_with:
+        text += f" with {', '.join(map(str, c.shared_with))}"
     return text
 
 
@@ -276,7 +276,7 @@ def over_time_figure(series: dict[str, Series]) -> Figure:
                    yaxis=axis("mean accept length", rangemode="tozero"))
 
 
-def group_figure(rows: dict[str, Sequence[GroupRow]], title: str, xtitle: str) -> Figure:
+def group_figure(rows: Mapping[str, Sequence[GroupRow]], title: str, xtitle: str) -> Figure:
     """Mean accept length per group (batch size or request), one bar group per trace."""
     data = [{"type": "bar", "x": [r.key for r in rs], "y": [r.mean_accept_length for r in rs], "name": name,
              "customdata": [[r.steps, r.rows] for r in rs],

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
-from specscope.tracer.schema import ForwardMode, SpanRow, Violation
+from specscope.tracer.schema import ForwardMode, SpanRow, Step, Violation
 from specscope.ui.views import AcceptanceStats, acceptance_from_histogram
 
 from .source import MODES, Columns
@@ -154,10 +155,11 @@ def step_streams(spans: Sequence[SpanRow]) -> tuple[list[StepStreams], list[Gap]
     gaps: list[Gap] = []
     ordered = sorted(compute, key=lambda s: (s.start_ns, s.step))
     idle_before: dict[int, int] = {}
-    end, end_step = None, None
+    end: int | None = None
+    end_step = 0  # the step of the span that ends at `end` (set together with it)
     for s in ordered:
         if end is not None and s.start_ns > end:
-            gaps.append(Gap(end, s.start_ns, int(end_step), s.step))  # type: ignore[arg-type]
+            gaps.append(Gap(end, s.start_ns, int(end_step), s.step))
             idle_before[s.step] = idle_before.get(s.step, 0) + s.start_ns - end
         if end is None or s.end_ns > end:
             end, end_step = s.end_ns, s.step
@@ -172,7 +174,18 @@ def step_streams(spans: Sequence[SpanRow]) -> tuple[list[StepStreams], list[Gap]
     return rows, gaps
 
 
-def stream_totals(rows: Sequence[StepStreams], gaps: Sequence[Gap]) -> dict[str, float | int | None]:
+class StreamTotals(TypedDict):
+    """`stream_totals` of a window of steps."""
+
+    plan_ns: int
+    plan_hidden_share: float | None  # None without plan work
+    compute_ns: int
+    idle_ns: int
+    idle_share: float | None  # of compute busy + idle time; None when both are 0
+    gaps: int
+
+
+def stream_totals(rows: Sequence[StepStreams], gaps: Sequence[Gap]) -> StreamTotals:
     """Totals over a window: plan time, its hidden share, compute busy time and idle share."""
     plan = sum(r.plan_ns for r in rows)
     hidden = sum(r.plan_hidden_ns for r in rows)
@@ -236,7 +249,7 @@ def acceptance_by_batch_size(cols: Columns) -> list[GroupRow]:
     return out
 
 
-def acceptance_by_request(verify_steps: Iterable) -> list[GroupRow]:
+def acceptance_by_request(verify_steps: Iterable[Step]) -> list[GroupRow]:
     """Mean accept length per request id over the given decoded verify steps."""
     acc: dict[int, list[int]] = defaultdict(list)
     for st in verify_steps:

@@ -3,32 +3,47 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from dash import dcc, html
+from dash.development.base_component import Component
 from specscope.tracer.checks import BY_ID
 from specscope.tracer.schema import ForwardMode, Step, Violation
 from specscope.ui import views
 
 from . import figures, models
 from .routes import step_href
-from .source import WAIT_S, Columns, TraceSource
+from .source import WAIT_S, Columns, TraceSource, ViolationState
+
+if TYPE_CHECKING:
+    from specscope.tracer.diff import Difference, DiffReport, StepDivergence
 
 DEFAULT_WINDOW = 100  # steps in the timeline's first window
 MAX_WINDOW = 300  # steps whose spans one Gantt shows (the spans of a window are decoded on demand)
-GRAPH_CONFIG = {"displaylogo": False, "responsive": True}
+GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False, "responsive": True}
 MAX_HTML_ROWS = 16  # request tables of bigger batches are aligned text (the browser builds 1 element, not 650)
 MAX_CHAINS = 16  # draft chains drawn as token chips (the highlighted row's too); the request table has them all
 
+Cell = str | int | float | Component | None  # what a table cell (a Dash child) can hold
 
-def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, id: str | None = None,
+
+class _IdProp(TypedDict, total=False):
+    id: str
+
+
+def _id(id: str | None) -> _IdProp:
+    # No `id` prop at all without an id: an explicit None would still be sent to the browser as a null prop.
+    return {"id": id} if id else {}
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Cell]], *, id: str | None = None,
           highlight: int | None = None, cls: str = "") -> html.Table:
     """A plain HTML table; row `highlight` gets the highlight class."""
     head = html.Thead(html.Tr([html.Th(h) for h in header]))
     body = html.Tbody([html.Tr([html.Td(c) for c in r], className="hl" if i == highlight else "")
                        for i, r in enumerate(rows)])
-    kw = {"id": id} if id else {}
-    return html.Table([head, body], className=f"tbl {cls}".strip(), **kw)
+    return html.Table([head, body], className=f"tbl {cls}".strip(), **_id(id))
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, id: str | None = None,
@@ -38,18 +53,17 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, id: s
     cells = [[str(h) for h in header]] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[j]) for r in cells if j < len(r)) for j in range(len(header))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=False)) for r in cells]
-    kw = {"id": id} if id else {}
     if highlight is None or not 0 <= highlight < len(rows):
-        return html.Pre("\n".join(lines) + "\n", className="text-table", **kw)
+        return html.Pre("\n".join(lines) + "\n", className="text-table", **_id(id))
     k = highlight + 1
     return html.Pre(["\n".join(lines[:k]) + "\n", html.Span(lines[k], className="hl"),
-                     "\n" + "\n".join(lines[k + 1:]) + "\n"], className="text-table", **kw)
+                     "\n" + "\n".join(lines[k + 1:]) + "\n"], className="text-table", **_id(id))
 
 
 def kv_table(rows: Sequence[tuple[str, str]], id: str | None = None) -> html.Table:
     """A two-column label/value table."""
-    kw = {"id": id} if id else {}
-    return html.Table(html.Tbody([html.Tr([html.Th(k), html.Td(v)]) for k, v in rows]), className="tbl kv", **kw)
+    return html.Table(html.Tbody([html.Tr([html.Th(k), html.Td(v)]) for k, v in rows]), className="tbl kv",
+                      **_id(id))
 
 
 def error_panel(message: str) -> html.Div:
@@ -58,7 +72,7 @@ def error_panel(message: str) -> html.Div:
                      dcc.Link("back to the timeline", href="/")], className="error-panel")
 
 
-def graph(id: str, fig: object) -> dcc.Graph:
+def graph(id: str, fig: figures.Figure | None) -> dcc.Graph:
     """A dcc.Graph with the dashboard's config."""
     return dcc.Graph(id=id, figure=fig, config=GRAPH_CONFIG)
 
@@ -115,8 +129,19 @@ def loading_note(*sources: TraceSource) -> list[html.Div]:
     return out
 
 
+class TimelineWindow(TypedDict):
+    """What the timeline draws of one step window."""
+
+    gantt: figures.Figure
+    overlap: figures.Figure
+    overview: figures.Figure | None
+    window: dict[str, Any]  # the overview's shaded window (a layout shape)
+    stats: html.Table
+    gaps: Component
+
+
 def timeline_window(src: TraceSource, lo: int, hi: int, wait: float = WAIT_S,
-                    overview: bool = True) -> dict[str, object]:
+                    overview: bool = True) -> TimelineWindow:
     """Figures and texts of the timeline for the step window [lo, hi) (`wait`: for summaries still loading);
     without `overview`, its "window" entry is the shaded window's shape alone (the overview stays as drawn)."""
     n = src.num_steps()
@@ -127,10 +152,10 @@ def timeline_window(src: TraceSource, lo: int, hi: int, wait: float = WAIT_S,
     note = f"steps {lo}–{hi - 1}" + (f" (the first {MAX_WINDOW} of the selected range)" if cut else "")
     stats = [
         ("window", note),
-        ("plan hidden under compute", _fmt_share(tot["plan_hidden_share"])),  # type: ignore[arg-type]
-        ("compute busy", _ms(int(tot["compute_ns"]))),  # type: ignore[arg-type]
-        ("GPU idle gaps", f"{tot['gaps']} gaps, {_ms(int(tot['idle_ns']))} "  # type: ignore[arg-type]
-                          f"({_fmt_share(tot['idle_share'])} of compute time)"),  # type: ignore[arg-type]
+        ("plan hidden under compute", _fmt_share(tot["plan_hidden_share"])),
+        ("compute busy", _ms(int(tot["compute_ns"]))),
+        ("GPU idle gaps", f"{tot['gaps']} gaps, {_ms(int(tot['idle_ns']))} "
+                          f"({_fmt_share(tot['idle_share'])} of compute time)"),
     ]  # fmt: skip
     top = sorted(gaps, key=lambda g: g.start_ns - g.end_ns)[:8]
     gap_rows = [(dcc.Link(f"{g.after_step} → {g.before_step}" if g.after_step != g.before_step
@@ -189,19 +214,20 @@ def _of_steps(src: TraceSource) -> str:
 # -- step explorer -------------------------------------------------------------------------------------------
 
 
-def _draft_chain(step: Step, reqs: Sequence[views.RequestView], fmt: object, highlight: int | None) -> html.Div:
+def _draft_chain(step: Step, reqs: Sequence[views.RequestView], fmt: Callable[[Sequence[int]], str],
+                 highlight: int | None) -> Component:
     if step.mode != ForwardMode.TARGET_VERIFY:
         return html.P(f"{step.mode.value}: no draft chain (drafts are verified in TARGET_VERIFY steps)",
                       className="muted")
-    blocks = []
+    blocks: list[Component] = []
     shown = [r for k, r in enumerate(reqs) if k < MAX_CHAINS or r.row == highlight]
     for r in shown:
         chips = [html.Span("root", className="tok root")]
         for j, (t, ok) in enumerate(zip(r.draft_tokens, r.draft_accepted, strict=False)):
-            chips.append(html.Span(fmt([t]), className="tok " + ("acc" if ok else "rej"),  # type: ignore[operator]
+            chips.append(html.Span(fmt([t]), className="tok " + ("acc" if ok else "rej"),
                                    title=f"draft {j}: token {t} {'accepted' if ok else 'rejected'}"))
         if r.bonus is not None:
-            chips.append(html.Span(fmt([r.bonus]), className="tok bonus",  # type: ignore[operator]
+            chips.append(html.Span(fmt([r.bonus]), className="tok bonus",
                                    title=f"bonus token {r.bonus} (from the target)"))
         blocks.append(html.Div([html.Span(f"r{r.request_id}", className="chain-label"), *chips,
                                 html.Span(f"accept length {r.accept_length}", className="muted")],
@@ -235,7 +261,8 @@ def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Di
     reqs = views.request_views(step, fmt)
     hl = highlight_row(step, params)
     # A column is a logical page only for the page-table arrays; other arrays' cells highlight the whole row.
-    col = params.get("col") if params.get("array") in (None, "page_table", "req_to_token_page_starts") else None
+    col_param = params.get("col") if params.get("array") in (None, "page_table", "req_to_token_page_starts") else None
+    col = None if col_param is None else int(col_param)  # the route parsed it as an int already
     grid = views.page_grid(step)
     # Neighbours by position: a bundle keeps the original run's step numbers, so the step before 30 can be 11.
     prev, nxt = src.neighbour(i, -1), src.neighbour(i, 1)
@@ -260,20 +287,22 @@ def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Di
                  r.accept_length if step.mode == ForwardMode.TARGET_VERIFY else "-", r.draft_text or "-",
                  r.accepted_text or "-") for r in reqs]
     req_head = ["row", "request", "slot", "S before", "S after", "q tokens", "accept", "drafts", "accepted"]
+    req_table: Component
     if len(req_rows) > MAX_HTML_ROWS:  # a big batch as aligned text: one element, not ten per row
         req_table = text_table(req_head, [[_one_line(c) for c in r] for r in req_rows], id="request-table",
                                highlight=hl)
     else:
         req_table = table(req_head, req_rows, id="request-table", highlight=hl)
     if grid is not None:
-        heat = graph("step-heatmap", figures.heatmap_figure(grid, None if hl is None else (hl, col)))  # type: ignore[arg-type]
+        heat = graph("step-heatmap", figures.heatmap_figure(grid, None if hl is None else (hl, col)))
         legend = html.Div([html.Span(f"{views.SYMBOLS[k] if views.SYMBOLS[k].strip() else '□'} {views.KIND_TEXT[k]}"
                                      f" ({grid.counts.get(k, 0)})", className="chip",
                                      style={"background": figures.KIND_COLORS[k],
                                             "color": "#fff" if k in figures.DARK_KINDS else "#000"})
                            for k in views.CellKind],
                           className="legend")
-        seq_rows = []
+        seqs: Component
+        seq_rows: list[Sequence[object]] = []
         for b in range(len(grid.cells)):
             seq_rows.append((b, grid.row_labels[b], _at(grid.cache_seqlens, b), _at(grid.cu_seqlens_q, b),
                              _at(grid.cu_seqlens_k, b), _arr_at(step, "seq_lens", b), _arr_at(step, "req_pool_indices",
@@ -289,7 +318,7 @@ def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Di
     found = src.step_violations(i)
     viol = html.Ul([html.Li(f"{v.check_id} [{v.severity.value}] {v.message}") for v in found], id="step-violations") \
         if found else html.P("no violations at this step", id="step-violations", className="muted")
-    extra = []
+    extra: list[Component] = []
     if step.errors:
         extra.append(table(["call", "error", "message"], [(e.call, e.error_type, e.message) for e in step.errors]))
     if step.waits:
@@ -314,11 +343,11 @@ def _one_line(x: object) -> str:
     return " ".join(str(x).split()) or "-"  # token text may hold newlines; a text table row must not
 
 
-def _at(xs: Sequence[int], i: int) -> object:
+def _at(xs: Sequence[int], i: int) -> int | str:
     return xs[i] if 0 <= i < len(xs) else "-"
 
 
-def _arr_at(step: Step, name: str, i: int) -> object:
+def _arr_at(step: Step, name: str, i: int) -> int | str:
     a = step.array(name)
     if a is None:
         return "-"
@@ -329,10 +358,10 @@ def _arr_at(step: Step, name: str, i: int) -> object:
 def cell_detail(grid: views.PageGrid | None, row: int, col: int) -> html.Div:
     """The details of one heatmap cell."""
     cell = None if grid is None else grid.cell(row, col)
-    if cell is None:
+    if grid is None or cell is None:
         return html.Div(f"no page-table cell at row {row}, page {col}", className="cell-detail")
     rows = [
-        ("cell", f"row {cell.row} ({grid.row_labels[cell.row]}), logical page {cell.col}"),  # type: ignore[union-attr]
+        ("cell", f"row {cell.row} ({grid.row_labels[cell.row]}), logical page {cell.col}"),
         ("physical page", str(cell.page)),
         ("kind", views.KIND_TEXT[cell.kind]),
         ("tokens", f"{cell.token_start}–{cell.token_end}"),
@@ -348,10 +377,10 @@ def cell_detail(grid: views.PageGrid | None, row: int, col: int) -> html.Div:
 MAX_REQUEST_SCAN = 4000  # verify steps decoded for the per-request chart (the most recent ones)
 
 
-def acceptance_stats_rows(stats: dict[str, views.AcceptanceStats]) -> tuple[list[str], list[list[object]]]:
+def acceptance_stats_rows(stats: Mapping[str, views.AcceptanceStats]) -> tuple[list[str], list[list[Cell]]]:
     """Header and rows of the acceptance statistics table, one column per trace."""
     names = list(stats)
-    fields = [
+    fields: list[tuple[str, Callable[[views.AcceptanceStats], Cell]]] = [
         ("verify steps", lambda s: s.verify_steps), ("verify rows", lambda s: s.rows),
         ("mean accept length", lambda s: f"{s.mean_accept_length:.3f}"),
         ("tokens per verify step", lambda s: f"{s.tokens_per_verify_step:.2f}"),
@@ -384,7 +413,7 @@ def acceptance_page(sources: dict[str, TraceSource]) -> html.Div:
         empty = "no TARGET_VERIFY steps loaded yet" if note else "no TARGET_VERIFY steps in this trace"
         return html.Div([html.H2("Acceptance"), *note, html.P(empty, id="acc-empty")])
     head, rows = acceptance_stats_rows(stats)
-    req = {}
+    req: dict[str, list[models.GroupRow]] = {}
     notes = []
     for k, s in sources.items():
         r, scan_note = per_request(s, cols[k])
@@ -414,16 +443,16 @@ def _name(src: TraceSource) -> str:
 # -- violations ----------------------------------------------------------------------------------------------
 
 
-def violations_body(src: TraceSource, state: object) -> html.Div:
+def violations_body(src: TraceSource, state: ViolationState) -> html.Div:
     """The grouped violations found so far, each example linking to its step with the cell highlighted."""
     st = state
-    groups = models.violation_groups(st.violations, max_examples=20)  # type: ignore[attr-defined]
-    done = st.checked_steps >= st.num_steps  # type: ignore[attr-defined]
-    where = ("stored in the trace" if st.source == "trace"  # type: ignore[attr-defined]
+    groups = models.violation_groups(st.violations, max_examples=20)
+    done = st.checked_steps >= st.num_steps
+    where = ("stored in the trace" if st.source == "trace"
              else "found by the checker in this dashboard (the trace stores none)")
-    progress = (f"{len(st.violations)} violations of {len(groups)} invariants, {where}; "  # type: ignore[attr-defined]
-                + ("all " if done else "") + f"{st.checked_steps} of {st.num_steps} steps checked")  # type: ignore[attr-defined]
-    blocks = []
+    progress = (f"{len(st.violations)} violations of {len(groups)} invariants, {where}; "
+                + ("all " if done else "") + f"{st.checked_steps} of {st.num_steps} steps checked")
+    blocks: list[Component] = []
     requests_of: dict[int, list[int]] = {}
     for g in groups:
         items = []
@@ -449,9 +478,9 @@ def _violation_query(src: TraceSource, v: Violation, cache: dict[int, list[int]]
     return models.violation_target(v, cache.get(v.step))
 
 
-def violations_page(src: TraceSource, state: object) -> html.Div:
+def violations_page(src: TraceSource, state: ViolationState) -> html.Div:
     """Violations grouped by invariant; a page that polls while the dashboard's checker is still running."""
-    done = state.checked_steps >= state.num_steps  # type: ignore[attr-defined]
+    done = state.checked_steps >= state.num_steps
     return html.Div([
         html.H2("Violations"),
         dcc.Interval(id="viol-poll", interval=400, disabled=done),
@@ -464,33 +493,33 @@ def violations_page(src: TraceSource, state: object) -> html.Div:
 MAX_COMPARE_STEPS = 2000  # step pairs tracer.diff decodes before it stops looking
 
 
-def _diff_link(div: object, d: object, key: str) -> str:
-    step = div.a_step if key == "a" else div.b_step  # type: ignore[attr-defined]
+def _diff_link(div: StepDivergence, d: Difference, key: str) -> str:
+    step = div.a_step if key == "a" else div.b_step
     q: dict[str, int | str] = {}
-    if d.row is not None:  # type: ignore[attr-defined]
-        q["row"] = int(d.row)  # type: ignore[attr-defined]
-        if d.col is not None:  # type: ignore[attr-defined]
-            q["col"] = int(d.col)  # type: ignore[attr-defined]
-    elif d.request_id is not None:  # type: ignore[attr-defined]
-        q["request"] = int(d.request_id)  # type: ignore[attr-defined]
+    if d.row is not None:
+        q["row"] = int(d.row)
+        if d.col is not None:
+            q["col"] = int(d.col)
+    elif d.request_id is not None:
+        q["request"] = int(d.request_id)
     return step_href(step, key, **q)
 
 
-def divergence_block(title: str, div: object, id: str) -> html.Div:
+def divergence_block(title: str, div: StepDivergence, id: str) -> html.Div:
     """One diverging step pair of a `tracer.diff.DiffReport`: where, links into both traces, what differs."""
-    diffs = div.differences  # type: ignore[attr-defined]
+    diffs = div.differences
     first = diffs[0] if diffs else None
-    links = [dcc.Link(f"open A step {div.a_step}", href=_diff_link(div, first, "a") if first else  # type: ignore[attr-defined]
-                      step_href(div.a_step, "a"), className="btn", id=f"{id}-open-a"),  # type: ignore[attr-defined]
-             dcc.Link(f"open B step {div.b_step}", href=_diff_link(div, first, "b") if first else  # type: ignore[attr-defined]
-                      step_href(div.b_step, "b"), className="btn", id=f"{id}-open-b")]  # type: ignore[attr-defined]
+    links = [dcc.Link(f"open A step {div.a_step}", href=_diff_link(div, first, "a") if first else
+                      step_href(div.a_step, "a"), className="btn", id=f"{id}-open-a"),
+             dcc.Link(f"open B step {div.b_step}", href=_diff_link(div, first, "b") if first else
+                      step_href(div.b_step, "b"), className="btn", id=f"{id}-open-b")]
     rows = []
     for d in diffs[:200]:
         where = "" if d.row is None else f"[{d.row}" + ("" if d.col is None else f", {d.col}") + "]"
         who = "" if d.request_id is None else f" (request {d.request_id})"
         rows.append((d.kind, f"{d.name}{where}{who}", _short(d.a), _short(d.b)))
     return html.Div([
-        html.H3(f"{title}: A step {div.a_step} / B step {div.b_step} — {div.label}"),  # type: ignore[attr-defined]
+        html.H3(f"{title}: A step {div.a_step} / B step {div.b_step} — {div.label}"),
         html.Div(links),
         table(["kind", "what", "A", "B"], rows, id=f"{id}-diffs"),
     ], id=id)
@@ -503,24 +532,24 @@ def _short(v: object, limit: int = 16) -> str:
     return str(v)
 
 
-def compare_page(a: TraceSource, b: TraceSource | None, report: object | None) -> html.Div:
+def compare_page(a: TraceSource, b: TraceSource | None, report: DiffReport | None) -> html.Div:
     """Compare: the first diverging step (tracer.diff), its metadata differences, acceptance of both traces."""
     if b is None or report is None:
         return html.Div([html.H2("Compare"), html.P("start the dashboard with --compare TRACE_B to compare two "
                                                     "traces", id="cmp-none")], id="compare-page")
     rep = report
     na, nb = _name(a), _name(b)
-    faults = [("A", f"{a.name} ({a.num_steps()} steps; faults: {', '.join(rep.a_faults) or 'none'})"),  # type: ignore[attr-defined]
-              ("B", f"{b.name} ({b.num_steps()} steps; faults: {', '.join(rep.b_faults) or 'none'})")]  # type: ignore[attr-defined]
+    faults = [("A", f"{a.name} ({a.num_steps()} steps; faults: {', '.join(rep.a_faults) or 'none'})"),
+              ("B", f"{b.name} ({b.num_steps()} steps; faults: {', '.join(rep.b_faults) or 'none'})")]
     blocks = []
-    if rep.first is not None:  # type: ignore[attr-defined]
-        blocks.append(divergence_block("First diverging step", rep.first, "cmp-first"))  # type: ignore[attr-defined]
-    if rep.first_forward is not None and rep.first_forward is not rep.first:  # type: ignore[attr-defined]
-        blocks.append(divergence_block("First diverging forward (not a capture)", rep.first_forward,  # type: ignore[attr-defined]
+    if rep.first is not None:
+        blocks.append(divergence_block("First diverging step", rep.first, "cmp-first"))
+    if rep.first_forward is not None and rep.first_forward is not rep.first:
+        blocks.append(divergence_block("First diverging forward (not a capture)", rep.first_forward,
                                        "cmp-forward"))
-    limit = rep.steps_compared >= MAX_COMPARE_STEPS and rep.first_forward is None  # type: ignore[attr-defined]
-    note = f"{rep.steps_compared} step pairs compared" + (f" (the first {MAX_COMPARE_STEPS} only)" if limit else "")  # type: ignore[attr-defined]
-    o = rep.outputs  # type: ignore[attr-defined]
+    limit = rep.steps_compared >= MAX_COMPARE_STEPS and rep.first_forward is None
+    note = f"{rep.steps_compared} step pairs compared" + (f" (the first {MAX_COMPARE_STEPS} only)" if limit else "")
+    o = rep.outputs
     outputs = f"outputs: {o['identical']} of {o['requests_compared']} requests identical"
     if o["differing"]:
         f = o["differing"][0]
@@ -530,7 +559,7 @@ def compare_page(a: TraceSource, b: TraceSource | None, report: object | None) -
     h, rows = acceptance_stats_rows(stats)
     return html.Div([
         html.H2("Compare"), *loading_note(a, b), kv_table(faults, id="cmp-traces"),
-        html.P(rep.headline, id="cmp-verdict", className="banner"),  # type: ignore[attr-defined]
+        html.P(rep.headline, id="cmp-verdict", className="banner"),
         html.P(note + " · " + outputs, className="muted"),
         *blocks,
         html.H3("Acceptance"), table(h, rows, id="cmp-acc"),

@@ -102,10 +102,10 @@ def choose_bundle(version: str | None = None, static: str = STATIC, hint: bool =
     except OSError:
         data = None
     found = _header_version(data[:200]) if data is not None else None
-    if found == version:
+    if found == version and data is not None:  # (found is None without data)
         # The content's hash in the URL: a rebuilt bundle of the same version and traces is a new URL, so a browser
         # never keeps an older build for the year it may cache the script.
-        digest = hashlib.sha256(data).hexdigest()[:12]  # type: ignore[arg-type]
+        digest = hashlib.sha256(data).hexdigest()[:12]
         return Bundle(path, f"/_specscope/{name.removesuffix('.min.js')}-{digest}.min.js", True, hint, data)
     if found is not None:
         why = f"{name} says it is plotly.js {found}"

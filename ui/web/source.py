@@ -13,12 +13,16 @@ import collections
 import itertools
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from specscope.tracer.errors import TraceError
 from specscope.tracer.query import StepIndex
 from specscope.tracer.schema import EndState, ForwardMode, GraphPhase, Severity, Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
+
+if TYPE_CHECKING:
+    from specscope.tracer.checks import Checker
 
 MODES: tuple[str, ...] = tuple(m.value for m in ForwardMode)
 GRAPHS: tuple[str, ...] = tuple(g.value for g in GraphPhase)
@@ -145,11 +149,11 @@ class TraceSource:
         self._partial_served = False  # a page was built from an incomplete prefix: refresh() says so once done
         self._loader: threading.Thread | None = None
         self._checker_lock = threading.Lock()
-        self._checker: object | None = None
+        self._checker: Checker | None = None
         self._checked: list[Violation] = []
         self._checked_steps = 0  # steps the dashboard's checker has judged ...
         self._checked_next = 0  # ... all of those with an index below this
-        self._window: tuple[object, int] | None = None  # (checker, last step fed) of the per-step checks
+        self._window: tuple[Checker, int] | None = None  # (checker, last step fed) of the per-step checks
         if background:
             self._loader = threading.Thread(target=self._load_loop, name=f"specscope-web-load-{key}", daemon=True)
             self._loader.start()
@@ -379,7 +383,7 @@ class TraceSource:
                     checker.feed(self.step(cap))
             found: list[Violation] = []
             for j in self.positions.between(lo, i + 1):
-                found = checker.feed(self.step(j))  # type: ignore[attr-defined]
+                found = checker.feed(self.step(j))
             self._window = (checker, i)
         return [v for v in found if v.step == i]
 
@@ -402,7 +406,7 @@ class TraceSource:
             budget = max(0, min(budget_steps, n - self._checked_steps))
             with self._lock:
                 for st in itertools.islice(self.reader.steps(self._checked_next, None), budget):
-                    self._checked.extend(self._checker.feed(st))  # type: ignore[attr-defined]
+                    self._checked.extend(self._checker.feed(st))
                     self._checked_steps += 1
                     self._checked_next = st.index + 1
             return ViolationState(tuple(self._checked), self._checked_steps, n, "dashboard")
