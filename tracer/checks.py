@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
 
@@ -206,9 +206,9 @@ def _check_shapes(c: _Ctx) -> bool:
         return False
     rows: dict[str, int] = {"padded bs": s.padded_batch_size}
     for name in _ROW_ARRAYS:
-        a = c.arr(name)
-        if a is not None:
-            rows[name] = int(a.shape[0])
+        vals = c.arr(name)
+        if vals is not None:
+            rows[name] = int(vals.shape[0])
     cuk = c.arr("cu_seqlens_k")
     if cuk is not None:
         rows["cu_seqlens_k-1"] = int(cuk.shape[0]) - 1
@@ -290,11 +290,11 @@ def _check_values(c: _Ctx) -> None:
             found=int(live.max()), expected=f"<= {mctx}")
     pt = c.arr("page_table")
     if npages is not None and pt is not None and pt.size:
-        bad = np.argwhere((pt >= npages) | (pt < 0))
-        if bad.size:
-            b, j = (int(x) for x in bad[0])
+        outside = np.argwhere((pt >= npages) | (pt < 0))
+        if outside.size:
+            b, j = (int(x) for x in outside[0])
             c.v("I14", f"page_table[{b}, {j}] = {int(pt[b, j])} is outside the KV pool of {npages} pages "
-                       f"({len(bad)} cells)", array="page_table", row=b, col=j, found=int(pt[b, j]),
+                       f"({len(outside)} cells)", array="page_table", row=b, col=j, found=int(pt[b, j]),
                 expected=f"0..{npages - 1}")
 
 
@@ -365,6 +365,10 @@ def _check_mirror(c: _Ctx) -> None:
 def _reads(c: _Ctx, b: int) -> int:
     """Logical pages live row b reads (its cache_seqlens), clipped to the recorded columns."""
     cs, pt = c.arr("cache_seqlens"), c.arr("page_table")
+    if cs is None:
+        # Reported as I2 by `_guard`: the TypeError (and message) indexing the missing array would raise.
+        raise TypeError("'NoneType' object is not subscriptable")
+    assert pt is not None, "callers check the page table is recorded"
     return min(max(-(-int(cs[b]) // c.step.page_size), 0), pt.shape[1])
 
 
@@ -394,9 +398,9 @@ def _check_pages(c: _Ctx) -> None:
                 expected=f"a multiple of {p}")
 
 
-def _owned(c: _Ctx) -> list[set[int]]:
+def _owned(c: _Ctx, starts: np.ndarray) -> list[set[int]]:
     """Per live row, the physical pages its req_to_token row maps the positions it reads to (page 0 excluded)."""
-    starts, p = c.arr("req_to_token_page_starts"), c.step.page_size
+    p = c.step.page_size
     out = []
     for b in range(c.step.batch_size):
         pages = {int(x) for x in starts[b, : _reads(c, b)] // p}
@@ -408,15 +412,16 @@ def _owned(c: _Ctx) -> list[set[int]]:
 def _check_ownership(c: _Ctx) -> None:
     """I29 (a page owned by two live requests) and I30 (a KV write into a page another live request owns)."""
     s, p = c.step, c.step.page_size
-    if c.arr("req_to_token_page_starts") is None or c.arr("cache_seqlens") is None or c.arr("page_table") is None:
+    starts = c.arr("req_to_token_page_starts")
+    if starts is None or c.arr("cache_seqlens") is None or c.arr("page_table") is None:
         return
-    owned = _owned(c)
+    owned = _owned(c, starts)
     owner: dict[int, int] = {}
     for b, pages in enumerate(owned):
         for pg in sorted(pages):
             a = owner.setdefault(pg, b)
             if a != b:
-                j = int(np.nonzero(c.arr("req_to_token_page_starts")[b] // p == pg)[0][0])
+                j = int(np.nonzero(starts[b] // p == pg)[0][0])
                 c.v("I29", f"physical page {pg} is owned by request {s.requests[a].request_id} (row {a}) and by "
                            f"this request (row {b}, logical page {j}): one of them reads the other's KV",
                     s.requests[b].request_id, array="req_to_token_page_starts", row=b, col=j, found=pg,
@@ -787,7 +792,14 @@ class Checker:
         return c.out
 
 
-def _guard(c: _Ctx, f: Callable[[_Ctx], object], default: object = None) -> object:
+_T = TypeVar("_T")
+
+
+@overload
+def _guard(c: _Ctx, f: Callable[[_Ctx], _T], default: _T) -> _T: ...
+@overload
+def _guard(c: _Ctx, f: Callable[[_Ctx], None]) -> None: ...
+def _guard(c: _Ctx, f: Callable[[_Ctx], Any], default: Any = None) -> Any:
     """Run one check; arrays too inconsistent for it are reported as I2 instead of crashing the checker."""
     try:
         return f(c)

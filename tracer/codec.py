@@ -23,16 +23,21 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-try:
-    # zlib-ng writes and reads the same zlib streams ~3x faster than the system zlib (blobs of changed page
-    # tables were the writer's largest cost after the step bodies); without it the stdlib module does the same.
-    from zlib_ng import zlib_ng as _z
-except ImportError:  # pragma: no cover - zlib-ng is a dependency; a bare environment still works
-    _z = zlib  # type: ignore[assignment]
+if TYPE_CHECKING:
+    # zlib-ng's stubs leave out parts of the zlib interface it has (compressobj().copy(), `error` as a class);
+    # the module mirrors zlib's, so it is checked against zlib's own.
+    import zlib as _z
+else:
+    try:
+        # zlib-ng writes and reads the same zlib streams ~3x faster than the system zlib (blobs of changed page
+        # tables were the writer's largest cost after the step bodies); without it the stdlib module does the same.
+        from zlib_ng import zlib_ng as _z
+    except ImportError:  # pragma: no cover - zlib-ng is a dependency; a bare environment still works
+        _z = zlib
 
 from .errors import TraceError
 
@@ -92,7 +97,8 @@ def digest(arr: np.ndarray) -> bytes:
     _check_encodable(arr)
     # SHA-256 has CPU support (SHA-NI) almost everywhere, so it beats blake2b here; 16 bytes suffice.
     h = hashlib.sha256(_header(_codec_for(arr), arr))
-    h.update(memoryview(arr).cast("B") if arr.size else b"")
+    # arr.data, not memoryview(arr): the same buffer, and numpy declares ndarray's buffer protocol only for 3.12+.
+    h.update(arr.data.cast("B") if arr.size else b"")
     return h.digest()[:16]
 
 
@@ -213,7 +219,7 @@ def encode_parts_raw(arr: np.ndarray) -> tuple[bytes, bytes]:
     return header, (_delta_coded(arr) if delta else arr).tobytes()
 
 
-def decode(blob: bytes, base: np.ndarray | None = None) -> np.ndarray:
+def decode(blob: bytes | memoryview, base: np.ndarray | None = None) -> np.ndarray:
     """Decode a blob made by `encode` (or `encode_with_base`, given its base array).
 
     Any damage raises TraceError; the result is read-only.
@@ -273,6 +279,7 @@ def _decode(blob: bytes, base: np.ndarray | None) -> np.ndarray:
     for n in shape:
         count *= n
     nbytes = count * dtype.itemsize
+    raw: bytes | memoryview
     if codec in _ZLIB_CODECS:
         if nbytes > len(blob) * 1032 + 1024:
             # zlib cannot expand more than ~1032x: a larger claimed size is damage, not data.
@@ -285,7 +292,7 @@ def _decode(blob: bytes, base: np.ndarray | None) -> np.ndarray:
         ok = len(raw) == nbytes
     if not ok:
         raise TraceError("damaged array blob (payload length does not match its shape)")
-    arr = np.frombuffer(raw, dtype=dtype).reshape(shape)
+    arr: np.ndarray = np.frombuffer(raw, dtype=dtype).reshape(shape)
     if codec in _DELTA_CODECS:
         if dtype.kind not in "iu" or len(shape) == 0:
             raise TraceError("damaged array blob (delta codec on a non-integer array)")

@@ -121,6 +121,7 @@ def follow(path: str, stdin_fd: int | None) -> LiveChecker:
                     break
                 lc.reader.wait_for_steps(lc.done, 0.1)
                 continue
+            assert stdin_fd is not None, "with no stdin the parent counts as gone from the start"
             r, _, _ = select.select([stdin_fd], [], [], 0.1)
             if r and not os.read(stdin_fd, 4096):
                 parent_gone = True

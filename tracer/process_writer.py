@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -101,11 +101,13 @@ def parts_from_raw(raw: dict[str, Any]) -> tables.StepParts:
     or CallError dicts) and `faults_fired` (fault names)."""
     cols = raw.get("requests") or {}
     n = len(cols["request_id"]) if cols else 0
-    ints = {}
+    ints: dict[str, Sequence[int]] = {}
     for c in REQUEST_INT_COLUMNS:
         v = cols.get(c)
         ints[c] = [0] * n if v is None else (v.tolist() if isinstance(v, np.ndarray) else list(v))
-    tup = {c: list(cols[c]) if cols.get(c) is not None and len(cols[c]) else [()] * n for c in REQUEST_LIST_COLUMNS}
+    tup: dict[str, Sequence[Sequence[int]]] = {
+        c: list(cols[c]) if cols.get(c) is not None and len(cols[c]) else [()] * n for c in REQUEST_LIST_COLUMNS
+    }
     return tables.StepParts(
         header=raw["header"], num_requests=n, int_cols=ints, tuple_cols=tup, arrays=_arrays(raw),
         spans=[(str(s[0]), str(s[1]), int(s[2]), int(s[3])) for s in raw.get("spans", ())],
@@ -117,10 +119,13 @@ def parts_from_raw(raw: dict[str, Any]) -> tables.StepParts:
 def step_from_raw(raw: dict[str, Any]) -> Step:
     """Build a schema Step from the compact form the recorder sends."""
     p = parts_from_raw(raw)
-    reqs = [RequestState(*(int(p.int_cols[c][i]) for c in REQUEST_INT_COLUMNS[:5]),
-                         draft_tokens=tuple(int(t) for t in p.tuple_cols["draft_tokens"][i]),
-                         accepted_tokens=tuple(int(t) for t in p.tuple_cols["accepted_tokens"][i]),
-                         accept_length=int(p.int_cols["accept_length"][i])).to_dict()
+    ic, tc = p.int_cols, p.tuple_cols
+    reqs = [RequestState(request_id=int(ic["request_id"][i]), slot=int(ic["slot"][i]),
+                         seq_len_before=int(ic["seq_len_before"][i]), seq_len_after=int(ic["seq_len_after"][i]),
+                         num_q_tokens=int(ic["num_q_tokens"][i]),
+                         draft_tokens=tuple(int(t) for t in tc["draft_tokens"][i]),
+                         accepted_tokens=tuple(int(t) for t in tc["accepted_tokens"][i]),
+                         accept_length=int(ic["accept_length"][i])).to_dict()
             for i in range(p.num_requests)]  # fmt: skip
     arrays = [ArraySnapshot(name, dtype, tuple(shape), int(ptr), values)
               for name, dtype, shape, ptr, values in p.arrays]
@@ -597,7 +602,13 @@ _WHOLE = _WholeMessages()
 
 
 
-def _grow_pipe(f: Any) -> None:
+def _pipe(f: IO[bytes] | None) -> IO[bytes]:
+    """A child's stdin or stdout."""
+    assert f is not None, "both children are started with stdin and stdout pipes"
+    return f
+
+
+def _grow_pipe(f: IO[bytes]) -> None:
     # A 1 MiB pipe absorbs bursts (graph capture, prefill) so the engine rarely waits for the writer.
     try:
         import fcntl
@@ -651,7 +662,7 @@ class _Lines:
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
-        self.fd = proc.stdout.fileno()  # type: ignore[union-attr]
+        self.fd = _pipe(proc.stdout).fileno()
         self.buf = b""
 
     def readline(self, timeout: float) -> str | None:
@@ -715,7 +726,7 @@ class ProcessTraceWriter:
         self._rest: list[bytes | memoryview] = []  # what is left of a message an exception cut short (see _write)
         self._guarded = False  # writes on the main thread hold a Ctrl-C back until the message is whole (once started)
         self._limit = 0
-        _grow_pipe(self._proc.stdin)
+        _grow_pipe(_pipe(self._proc.stdin))
         self._send_obj((self.path, run.to_dict(), overwrite))
         # Starting Python (numpy, zstandard, SQLite) on a loaded machine can take a while: a generous deadline.
         kind, msg = self._status("start", max(self.status_timeout, 60.0))
@@ -743,7 +754,7 @@ class ProcessTraceWriter:
             return None
         self._checker = None
         try:
-            proc.stdin.close()  # type: ignore[union-attr]
+            _pipe(proc.stdin).close()
         except OSError:
             pass
         lines = _Lines(proc)
@@ -769,7 +780,7 @@ class ProcessTraceWriter:
 
     def _stop_child(self) -> None:
         try:
-            self._proc.stdin.close()  # type: ignore[union-attr]
+            _pipe(self._proc.stdin).close()
         except OSError:
             pass
         try:
@@ -811,7 +822,7 @@ class ProcessTraceWriter:
         if self._sender is None:
             self._limit = limit_bytes
             self._direct = direct
-            self._fd = self._proc.stdin.fileno()  # type: ignore[union-attr]
+            self._fd = _pipe(self._proc.stdin).fileno()
             self._finish_rest()  # nothing of an earlier message may be left unwritten now
             os.set_blocking(self._fd, False)
             self._sender = threading.Thread(target=self._send_loop, name="trace-sender", daemon=True)
@@ -926,7 +937,7 @@ class ProcessTraceWriter:
         rest = self._rest
         while rest:
             try:
-                n = os.writev(self._proc.stdin.fileno(), rest)  # type: ignore[union-attr]
+                n = os.writev(_pipe(self._proc.stdin).fileno(), rest)
             except (BrokenPipeError, OSError, ValueError):
                 rest.clear()
                 raise self._pipe_broke() from None
@@ -1025,7 +1036,7 @@ class ProcessTraceWriter:
         for p in (self._proc, self._checker):
             if p is not None and p.poll() is None:
                 try:
-                    p.stdin.close()  # type: ignore[union-attr]
+                    _pipe(p.stdin).close()
                 except OSError:
                     pass
 

@@ -112,13 +112,27 @@ def summary_fields(s: StepSummary) -> dict[str, Any]:
 class QueryMixin:
     """Viewer queries over a trace. The methods below are the public contract; `_q_*` hooks are internal."""
 
-    # Provided by TraceReader.
-    def num_steps(self) -> int: ...  # type: ignore[empty-body]
-    def step(self, i: int, arrays: Iterable[str] | None = None) -> Step: ...  # type: ignore[empty-body]
-    def is_dense(self) -> bool: ...  # type: ignore[empty-body]
-    def last_index(self) -> int | None: ...  # type: ignore[empty-body]
-    def step_indexes(self, start: int = 0, stop: int | None = None) -> list[int]: ...  # type: ignore[empty-body]
-    def steps_text(self) -> str: ...  # type: ignore[empty-body]
+    # Provided by TraceReader, which overrides every one of these.
+    def num_steps(self) -> int:
+        raise NotImplementedError
+
+    def step(self, i: int, arrays: Iterable[str] | None = None) -> Step:
+        raise NotImplementedError
+
+    def is_dense(self) -> bool:
+        raise NotImplementedError
+
+    def last_index(self) -> int | None:
+        raise NotImplementedError
+
+    def step_indexes(self, start: int = 0, stop: int | None = None) -> list[int]:
+        raise NotImplementedError
+
+    def steps_text(self) -> str:
+        raise NotImplementedError
+
+    def is_closed(self) -> bool:
+        raise NotImplementedError
 
     # -- summaries and searches ------------------------------------------------------------------
 
@@ -247,8 +261,7 @@ class QueryMixin:
         while True:
             n = self.num_steps()
             last = self.last_index()  # an index, not the count: a bundle's indexes start late and skip
-            if (last is not None and last > after) or self.is_closed() or \
-                    time.monotonic() >= deadline:  # type: ignore[attr-defined]
+            if (last is not None and last > after) or self.is_closed() or time.monotonic() >= deadline:
                 return n
             time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
 

@@ -80,6 +80,11 @@ def check_file(path: str) -> None:
         raise TraceError(f"truncated ({size} of {num_pages * page_size} bytes present)", path)
 
 
+def _connect(uri: str) -> sqlite3.Connection:
+    # Autocommit (no implicit transactions), and usable from the viewers' loader threads under the reader's lock.
+    return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+
+
 class TraceReader(QueryMixin):
     """Read-only view of one trace; every query sees the steps committed when it runs."""
 
@@ -130,9 +135,8 @@ class TraceReader(QueryMixin):
 
     def _open(self) -> sqlite3.Connection:
         uri = pathlib.Path(self.path).resolve().as_uri() + "?mode=ro"
-        opts = {"uri": True, "isolation_level": None, "check_same_thread": False}
         try:
-            conn = sqlite3.connect(uri, **opts)
+            conn = _connect(uri)
             try:
                 conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
                 return conn
@@ -141,7 +145,7 @@ class TraceReader(QueryMixin):
                 conn.close()
                 if os.access(os.path.dirname(os.path.abspath(self.path)), os.W_OK):
                     raise
-                return sqlite3.connect(uri + "&immutable=1", **opts)
+                return _connect(uri + "&immutable=1")
         except sqlite3.OperationalError as e:
             raise TraceError(f"cannot be opened (SQLite: {' '.join(str(e).split())})", self.path) from None
         except sqlite3.Error as e:

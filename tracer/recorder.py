@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -151,9 +151,11 @@ class _Span:
     def __enter__(self) -> None:
         self.a = self.ring.stamp() if self.ring is not None else time.perf_counter_ns()
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         if exc_type is None:
             ring = self.ring
+            start: int | tuple[StampRing, int]
+            end: int | tuple[StampRing, int]
             if ring is None:
                 start, end = self.a, time.perf_counter_ns()
             else:
@@ -314,6 +316,7 @@ class Recorder:
         `crop_cols` keeps only the live columns of 2-D tables.
         """
         if self.is_cuda:
+            assert self._ring is not None, "a GPU recorder has its pinned ring"
             host, slot = self._ring.take(packed.numel(), self._drain_oldest)
             host.copy_(packed, non_blocking=True)
         else:
@@ -326,7 +329,8 @@ class Recorder:
         of `layout`; `seq`: the row's number if `claim_row` gave it at launch): no device work here; the values
         arrive with the next drain."""
         if seq is None:
-            seq = self.ring.claim()  # type: ignore[union-attr]
+            assert self.ring is not None, "the engine opens the snapshot ring before it replays graphs"
+            seq = self.ring.claim()
         rec.packs.append(_PendingPack(None, layout, crop_cols, None, seq, length))
         self._drain_ring(force=False)
 
@@ -335,8 +339,9 @@ class Recorder:
         `snapshot_ring` made later. Undrained rows never reach half the ring: past that the deferred records are
         made and the rows drained now, so the device cannot lap a row before it is copied."""
         ring = self.ring
-        seq = ring.claim()  # type: ignore[union-attr]
-        if ring.count - ring.drained > ring.rows // 2:  # type: ignore[union-attr]
+        assert ring is not None, "the engine opens the snapshot ring before it replays graphs"
+        seq = ring.claim()
+        if ring.count - ring.drained > ring.rows // 2:
             self.run_later()
             self._drain_ring(force=True)
         return seq
@@ -707,14 +712,25 @@ class Recorder:
         spans = [(s.stream, s.name,
                   s.start[0].value(s.start[1]) + off if type(s.start) is tuple else s.start,
                   s.end[0].value(s.end[1]) + off if type(s.end) is tuple else s.end) for s in rec.spans]
-        packs = [(self.ring.row(p.seq, p.length) if p.seq is not None  # type: ignore[union-attr]
-                  else self._ring.np[p.slot[0]:p.slot[1]].copy() if p.slot is not None  # type: ignore[union-attr]
-                  else p.host.numpy().copy(), self.intern_layout(p.layout), p.crop_cols) for p in rec.packs]
+        packs = []
+        for p in rec.packs:
+            values: np.ndarray
+            if p.seq is not None:
+                assert self.ring is not None, "a replay's row is in the snapshot ring"
+                values = self.ring.row(p.seq, p.length)
+            elif p.slot is not None:
+                assert self._ring is not None, "pinned-ring slots come from the pinned ring"
+                values = self._ring.np[p.slot[0]:p.slot[1]].copy()
+            else:
+                assert p.host is not None, "a pack without a ring row or a pinned slot holds its host copy"
+                values = p.host.numpy().copy()
+            packs.append((values, self.intern_layout(p.layout), p.crop_cols))
         floats = [(name, "float32" if t.is_floating_point() else _NP_DTYPES[t.dtype], tuple(t.shape), 0,
                    t.float().numpy() if t.is_floating_point() else t.numpy()) for name, t in rec.floats]
         floats += [(name, self._np_name(v.dtype), v.shape, ptr, v) for name, v, ptr in rec.host_arrays]
         for p in rec.packs:
             if p.slot is not None:
+                assert self._ring is not None, "pinned-ring slots come from the pinned ring"
                 self._ring.release(p.slot)
         if rec.done_event is not None:
             self._free_events.append(rec.done_event)

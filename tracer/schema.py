@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +126,8 @@ class ArraySnapshot:
             and np.array_equal(self.values, other.values)
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    # No `__hash__ = None`: with __eq__ written here, dataclass(frozen=True) sets its field hash over it anyway,
+    # and hashing `values` (an ndarray) raises TypeError, so a snapshot stays unhashable.
 
 
 @dataclass(frozen=True)
@@ -410,9 +412,9 @@ def step_from_parts(
     arrays: list[ArraySnapshot],
     spans: list[dict[str, Any]],
     violations: list[dict[str, Any]],
-    waits: list[dict[str, Any]] = (),  # type: ignore[assignment]
-    errors: list[dict[str, Any]] = (),  # type: ignore[assignment]
-    faults_fired: list[str] = (),  # type: ignore[assignment]
+    waits: Sequence[dict[str, Any]] = (),
+    errors: Sequence[dict[str, Any]] = (),
+    faults_fired: Sequence[str] = (),
 ) -> Step:
     """Assemble a Step from its stored parts (the inverse of `Step.header_dict` and friends)."""
     return Step(

@@ -178,11 +178,13 @@ class DrainedRing:
                 if not ev.query():
                     break
             elif ev:
-                rc = _DRIVER.event_query(ev)  # type: ignore[union-attr]
+                drv = _DRIVER
+                assert drv is not None, "driver events are made only once the driver is loaded"
+                rc = drv.event_query(ev)
                 if rc == self._NOT_READY:
                     break
                 if rc:
-                    _DRIVER._check(rc, "cuEventQuery")  # type: ignore[union-attr]
+                    drv._check(rc, "cuEventQuery")
                 self._free_events.append(ev)
             drains.popleft()
             self._done = end
@@ -195,7 +197,9 @@ class DrainedRing:
                 if type(ev) is not int:
                     ev.synchronize()
                 elif ev:
-                    _DRIVER._check(_DRIVER.event_sync(ev), "cuEventSynchronize")  # type: ignore[union-attr]
+                    drv = _DRIVER
+                    assert drv is not None, "driver events are made only once the driver is loaded"
+                    drv._check(drv.event_sync(ev), "cuEventSynchronize")
                 break
         self.completed()
 
@@ -237,7 +241,8 @@ class StampRing(DrainedRing):
         what a graph capture records (its replays are claimed with `claim`) and what `stamp` does first."""
         if not self.is_cuda:
             i = self._cpu_index
-            self._dev_np[i % self.slots] = time.perf_counter_ns()  # type: ignore[index]
+            assert self._dev_np is not None, "a CPU ring has its numpy view"
+            self._dev_np[i % self.slots] = time.perf_counter_ns()
             self._cpu_index = i + 1
             return
         if stream_handle is None:

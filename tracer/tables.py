@@ -345,7 +345,7 @@ def columns_from_parts(p: StepParts) -> StepColumns:
     n = p.num_requests
     ints_src = [p.int_cols.get(f, ()) for f in REQUEST_INT_FIELDS]
     tuple_src = [p.tuple_cols.get(f, ()) or ((),) * n for f in REQUEST_TUPLE_FIELDS]
-    lens = [list(map(len, c)) for c in tuple_src]
+    lens: list[Sequence[int]] = [list(map(len, c)) for c in tuple_src]
     for c in ints_src + lens:
         if len(c) != n:
             raise ValueError(f"step {idx}: a request column has {len(c)} values for {n} requests")
@@ -461,10 +461,13 @@ class BodyCompressor:
         return self._c.compress(container)
 
 
-def train_dictionary(samples: list[bytes], size: int = 16384) -> zstandard.ZstdCompressionDict | None:
+def train_dictionary(samples: Sequence[bytes], size: int = 16384) -> zstandard.ZstdCompressionDict | None:
     """A zstd dictionary trained on body containers, or None when the samples are too few or too alike."""
+    # zstandard types its samples list[bytes | bytearray | memoryview], which a list[bytes] is not (lists are
+    # invariant): a list of that type holding the same objects.
+    buffers: list[bytes | bytearray | memoryview] = list(samples)
     try:
-        d = zstandard.train_dictionary(size, samples)
+        d = zstandard.train_dictionary(size, buffers)
     except zstandard.ZstdError:
         return None
     return d if d.dict_id() else None
@@ -568,12 +571,12 @@ class Body:
             # object.__setattr__ (~2 us a row, 64 rows a step); filling the instance dict directly is the same
             # object (fields, equality, hash, repr) at a fifth of the cost.
             new, cls = object.__new__, RequestState
-            out = []
+            states: list[RequestState] = []
             for row in zip(*(cols[f] for f in REQUEST_FIELDS), strict=True):
-                r = new(cls)
-                r.__dict__.update(zip(REQUEST_FIELDS, row, strict=True))
-                out.append(r)
-            return out
+                st = new(cls)
+                st.__dict__.update(zip(REQUEST_FIELDS, row, strict=True))
+                states.append(st)
+            return states
         known = [f for f in REQUEST_FIELDS if f in cols]
         return [RequestState(**{f: cols[f][j] for f in known}) for j in range(n)]
 

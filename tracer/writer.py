@@ -425,7 +425,8 @@ class TraceWriter:
             for op in ops:
                 if op.kind == "step":
                     rows.add(op)
-                    last.update(dict.fromkeys(op.step.request_ids, op.step.index))  # type: ignore[union-attr]
+                    assert op.step is not None, "a step op carries its step"
+                    last.update(dict.fromkeys(op.step.request_ids, op.step.index))
                 else:
                     rows.insert(conn)  # other rows go in after the steps before them, as they were queued
                     conn.executemany(op.sql, op.rows or [])
@@ -433,7 +434,8 @@ class TraceWriter:
             if last:
                 for op in reversed(ops):
                     if op.kind == "step":
-                        first.update(dict.fromkeys(op.step.request_ids, op.step.index))  # type: ignore[union-attr]
+                        assert op.step is not None, "a step op carries its step"
+                        first.update(dict.fromkeys(op.step.request_ids, op.step.index))
                 # One row per request per transaction, not per step: a backlog of 64 steps costs ~100 upserts.
                 conn.executemany(tables.UPSERT_REQUEST_LIFE, [(r, first[r], b) for r, b in last.items()])
             conn.execute("COMMIT")

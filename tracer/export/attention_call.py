@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,8 +36,10 @@ ENTRY_DECODE, ENTRY_CONTEXT = 0, 1  # kernels.decode (XQA / trtllm-gen) or kerne
 REQUIRED = ("attn_q", "attn_out", "attn_page_ids", "attn_scaling", "cache_seqlens", "page_table")
 DTYPE_ARRAY = "attn_dtype"  # uint8: the ASCII name of the dtype attn_q / attn_out / attn_kv were recorded from
 # The stored (integer bit pattern) dtype of each recorded width; float32 is stored as float32.
-STORED_AS = {"bfloat16": np.dtype(np.int16), "float16": np.dtype(np.int16), "float32": np.dtype(np.float32),
-             "float64": np.dtype(np.int64)}
+STORED_AS: dict[str, np.dtype[Any]] = {
+    "bfloat16": np.dtype(np.int16), "float16": np.dtype(np.int16), "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.int64),
+}  # fmt: skip
 
 
 # What a replay compares, in report order (backend/replay.py computes them; the CLI prints them).

@@ -265,11 +265,12 @@ class _KVCoder:
 
     def code(self, step: Step, original: int) -> Step:
         """The step with its KV delta-coded (steps without a recorded call pass through)."""
-        if step.array("attn_q") is None or step.array("attn_page_ids") is None:
+        page_ids = step.array("attn_page_ids")
+        if step.array("attn_q") is None or page_ids is None:
             return step
         fetch = lambda j: self.reader.step(j, arrays=kv_delta.KV_ARRAYS)  # noqa: E731 - a source that is a bundle
         kv = kv_delta.stored_kv(dataclasses.replace(step, index=original), fetch)
-        ids = np.asarray(step.array("attn_page_ids").values).astype(np.int64)  # type: ignore[union-attr]
+        ids = np.asarray(page_ids.values).astype(np.int64)
         keep = tuple(a for a in step.arrays if a.name not in kv_delta.KV_ARRAYS or a.name == "attn_page_ids")
         self.full_bytes += kv.nbytes
         if not self.delta:

@@ -42,7 +42,8 @@ _MAX_CHAIN = 1 << 16  # a base chain longer than any bundle: damage (or a loop)
 
 
 PLANES = "attn_planes"  # uint8 [1]: present when attn_q / attn_out / attn_kv / attn_kv_delta are stored as byte planes
-_PLANE_DTYPES = {2: np.dtype("<i2"), 4: np.dtype("<f4"), 8: np.dtype("<i8")}  # the stored widths (attention_call)
+# The stored widths (attention_call).
+_PLANE_DTYPES: dict[int, np.dtype[Any]] = {2: np.dtype("<i2"), 4: np.dtype("<f4"), 8: np.dtype("<i8")}
 
 
 def to_planes(v: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ def parse_steps(text: str | None, last: int | None = None) -> tuple[int, int | N
     if text is None or text.strip() in ("", ":"):
         return 0, None
     t = text.strip()
+    hi: int | None
     try:
         if ":" not in t:
             a = int(t)
