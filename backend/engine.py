@@ -24,13 +24,15 @@ from typing import Any
 
 import torch
 
-from ..tracer.recorder import NullRecorder, Recorder
+from ..tracer.recorder import NullRecorder
 from ..tracer.schema import ForwardMode, RequestRecord
 from .engine_config import EngineConfig
 from .forward_batch import ForwardBatch
 from .host_inputs import HostInputs
 from .memory import PageAllocator, PageWrites, ReqToTokenPool, RequestKV
-from .model_runner import ModelRunner, request_states
+from .model import LlamaForCausalLM
+from .model_config import ModelConfig
+from .model_runner import EngineRecorder, ModelRunner, request_states
 from .request import Request
 from .sampling import greedy_accept_device, rejection_accept_device, sample_device
 from .streams import Streams, nvtx, nvtx_wanted
@@ -59,12 +61,13 @@ class RunStats:
 class Engine:
     """Drives real draft/verify steps for a list of requests."""
 
-    def __init__(self, cfg: EngineConfig, target: Any, draft: Any | None, kernels: Any,
-                 recorder: Recorder | NullRecorder) -> None:
+    def __init__(self, cfg: EngineConfig, target: tuple[LlamaForCausalLM, ModelConfig],
+                 draft: tuple[LlamaForCausalLM, ModelConfig] | None, kernels: Any, recorder: EngineRecorder) -> None:
         self.cfg = cfg
         self.device = torch.device(cfg.device)
         self.recorder = recorder
-        self.spec = draft is not None and cfg.spec_steps > 0
+        spec_draft = draft if cfg.spec_steps > 0 else None  # a draft runs only when the run speculates
+        self.spec = spec_draft is not None
         self.T = cfg.verify_tokens if self.spec else 1
         self.K = cfg.spec_steps + 1 if self.spec else 1  # what the backend caches at construction
         self.num_drafts = self.T - 1  # N draft tokens per request and iteration
@@ -82,9 +85,9 @@ class Engine:
         self.target = ModelRunner(name="target", model=tm, num_layers=tc.num_hidden_layers,
                                   num_kv_heads=tc.num_key_value_heads, head_dim=tc.head_dim,
                                   num_q_heads=tc.num_attention_heads, num_draft_steps=0, **common)
-        self.draft = None
-        if self.spec:
-            dm, dc = draft
+        self.draft: ModelRunner | None = None  # exactly when self.spec
+        if spec_draft is not None:
+            dm, dc = spec_draft
             self.draft = ModelRunner(name="draft", model=dm, num_layers=dc.num_hidden_layers,
                                      num_kv_heads=dc.num_key_value_heads, head_dim=dc.head_dim,
                                      num_q_heads=dc.num_attention_heads, num_draft_steps=self.num_draft_steps,
@@ -118,6 +121,7 @@ class Engine:
             if recorder.enabled and os.environ.get("SPECSCOPE_SNAPSHOT_RING", "1") != "0":
                 # Replays write their snapshots into device rows inside the graph (tracer.recorder.SnapshotRing).
                 runners = [self.target] + ([self.draft] if self.draft is not None else [])
+                assert not isinstance(recorder, NullRecorder)  # a NullRecorder is never enabled
                 recorder.open_ring(max(r.max_pack_len(cfg.batch_size, self.T) for r in runners))
             self._capture()
 
@@ -136,10 +140,13 @@ class Engine:
                 return
             self.target.capture_graphs([(ForwardMode.TARGET_VERIFY, None, self.T)], self.cfg.batch_size,
                                        self._template(self.target), ladder)
-            modes = [(ForwardMode.DRAFT_DECODE, i, 1) for i in range(self.num_draft_steps)]
+            draft = self.draft
+            assert draft is not None  # a speculative engine has a draft runner
+            modes: list[tuple[ForwardMode, int | None, int]] = [
+                (ForwardMode.DRAFT_DECODE, i, 1) for i in range(self.num_draft_steps)]
             if self.draft_extend_graph:
                 modes.append((ForwardMode.DRAFT_EXTEND, None, self.T))
-            self.draft.capture_graphs(modes, self.cfg.batch_size, self._template(self.draft), ladder)
+            draft.capture_graphs(modes, self.cfg.batch_size, self._template(draft), ladder)
 
     # ---- the run -------------------------------------------------------------------------------------
     def run(self, requests: list[Request], progress: Callable[[int, int], None] | None = None) -> RunStats:
@@ -150,7 +157,7 @@ class Engine:
         t0 = time.perf_counter()
         while waiting or running:
             t_it = time.perf_counter()
-            admitted = []
+            admitted: list[Request] = []
             while (waiting and waiting[0].arrival_iteration <= self.iteration
                    and len(running) + len(admitted) < self.cfg.batch_size):
                 admitted.append(waiting.pop(0))
@@ -211,7 +218,7 @@ class Engine:
             extend_seq_lens_cpu=None if uniform else list(q_lens), spec_step_id=step_id,
             num_tokens_per_req=q_lens[0] if uniform else 1)
 
-    def _forward(self, runner: ModelRunner, fb: ForwardBatch, states: Callable[[], list[Any]],
+    def _forward(self, runner: ModelRunner, fb: ForwardBatch, states: Callable[[], dict[str, list[Any]]],
                  logits_indices: torch.Tensor | None = None) -> torch.Tensor:
         """Prepare and execute one forward on the compute stream, recorded as one step."""
         rec, graph = runner.begin(fb, self.iteration, self.K)
@@ -222,7 +229,7 @@ class Engine:
         self._end(rec, states)
         return logits
 
-    def _end(self, rec: Any, states: Callable[[], list[Any]]) -> None:
+    def _end(self, rec: Any, states: Callable[[], dict[str, list[Any]]]) -> None:
         """Close a recorded step (None: untraced); `states` makes its request rows when the step is resolved, under
         later GPU work: nothing they read changes any more."""
         if rec is not None:
@@ -298,7 +305,7 @@ class Engine:
 
         first, _ = self._sample(extend(self.target, ids))
         self.root_tok[rpi] = first
-        if self.spec:
+        if self.draft is not None:  # speculating
             shifted = torch.roll(ids, -1)  # the draft reads token p+1 at position p: prompt[1:] + the first token
             shifted[last] = first
             self._keep_first_drafts(rpi, extend(self.draft, shifted))
@@ -311,6 +318,7 @@ class Engine:
         bs = len(reqs)
         pending = PageWrites()
         for r in reqs:
+            assert r.kv is not None  # a running request holds its KV from its prefill on
             r.kv.ensure(r.seq_len + 1, self.pages, self.r2t, pending)
         s = [r.seq_len for r in reqs]
         rpi, s_dev = self._upload([[r.slot for r in reqs], s], pending)
@@ -331,10 +339,12 @@ class Engine:
         bs, T, N, dev, faults = len(reqs), self.T, self.num_drafts, self.device, self.cfg.faults
         s = [r.seq_len for r in reqs]
         streams, recorder = self.streams, self.recorder
+        draft = self.draft
+        assert draft is not None  # only a speculative engine runs speculative iterations
         plan_on = streams.plan_enabled
         no_wait = plan_on and "no-plan-wait" in faults
         rec_v, graph_v = self.target.begin_for(ForwardMode.TARGET_VERIFY, None, bs, T, self.iteration, self.K)
-        rec_e, graph_e = self.draft.begin_for(ForwardMode.DRAFT_EXTEND, None, bs, T, self.iteration, self.K)
+        rec_e, graph_e = draft.begin_for(ForwardMode.DRAFT_EXTEND, None, bs, T, self.iteration, self.K)
         prepared: dict[str, Any] = {}
         where = "plan" if plan_on else "compute"
 
@@ -343,7 +353,7 @@ class Engine:
             if which in prepared:
                 return
             rec, runner, fb, graph = ((rec_v, self.target, fb_v, graph_v) if which == "verify"
-                                      else (rec_e, self.draft, fb_e, graph_e))
+                                      else (rec_e, draft, fb_e, graph_e))
             with streams.on_plan() as stream, nvtx(f"plan: {which} metadata", self.nvtx):
                 with self._span(rec, where, "metadata", stream):
                     prepared[which] = runner.prepare(fb, graph, rec)
@@ -353,6 +363,7 @@ class Engine:
         with self._span([rec_v, rec_e], "compute", "producers", streams.compute):
             pending = PageWrites()
             for r in reqs:
+                assert r.kv is not None  # a running request holds its KV from its prefill on
                 r.kv.ensure(r.seq_len + T, self.pages, self.r2t, pending)
             rpi, s_dev = self._upload([[r.slot for r in reqs], s], pending)
             rows_t = rpi[:, None].expand(bs, T).reshape(-1)  # repeat_interleave may read its output size back
@@ -369,7 +380,7 @@ class Engine:
                 step_pos = verify_pos.view(bs, T).t().contiguous()  # int64 [T, bs]
                 step_loc = fb_v.out_cache_loc.view(bs, T).t().contiguous()
             ext_ids = torch.zeros(bs * T, dtype=torch.int64, device=dev)
-            fb_e = self._batch(self.draft, ForwardMode.DRAFT_EXTEND, bs, rpi=rpi, rows=rows_t, input_ids=ext_ids,
+            fb_e = self._batch(draft, ForwardMode.DRAFT_EXTEND, bs, rpi=rpi, rows=rows_t, input_ids=ext_ids,
                                positions=verify_pos, seq_lens=(s_dev + T).to(torch.int32),
                                seq_lens_cpu=[x + T for x in s], q_lens=[T] * bs)
             if no_wait and dev.type == "cpu":
@@ -396,18 +407,18 @@ class Engine:
         draft_probs = [self.first_draft_probs[rpi]] if self.first_draft_probs is not None else []
         steps, preps = [], []
         for i in range(self.num_draft_steps):
-            fb = self._batch(self.draft, ForwardMode.DRAFT_DECODE, bs, rpi=rpi, rows=rpi, input_ids=tok,
+            fb = self._batch(draft, ForwardMode.DRAFT_DECODE, bs, rpi=rpi, rows=rpi, input_ids=tok,
                              positions=step_pos[i], seq_lens=seq_lens, seq_lens_cpu=s_cpu, q_lens=[1] * bs,
                              step_id=i, out_loc=step_loc[i])
-            steps.append((fb, *self.draft.begin(fb, self.iteration, self.K)))
+            steps.append((fb, *draft.begin(fb, self.iteration, self.K)))
         if steps:
             with self._span([rec for _, rec, _ in steps], "compute", "metadata", streams.compute), \
                     nvtx("draft metadata", self.nvtx):
-                preps = [self.draft.prepare(fb, graph, rec) for fb, rec, graph in steps]
+                preps = [draft.prepare(fb, graph, rec) for fb, rec, graph in steps]
         for i, ((fb, rec, _), prep) in enumerate(zip(steps, preps, strict=True)):
             fb.input_ids = tok  # the draft-dependent input: the previous step's token
             with nvtx(f"draft step {i}", self.nvtx):
-                logits = self.draft.execute(prep, rec)
+                logits = draft.execute(prep, rec)
             self._end(rec, lambda: request_states(reqs, s, s, [1] * bs))
             tok, probs = self._sample(logits)
             drafts.append(tok)
@@ -453,7 +464,7 @@ class Engine:
         if streams.compute_wait_plan():
             recorder.wait(rec_e, "compute", "plan", "metadata")
         with nvtx("draft extend", self.nvtx):
-            logits_e = self.draft.execute(pe, rec_e, rows_b * T + accept_len - 1)
+            logits_e = draft.execute(pe, rec_e, rows_b * T + accept_len - 1)
         self._keep_first_drafts(rpi, logits_e)
 
         # The one sync of the iteration: the scheduler needs the accepted tokens (and the trace the drafts).
@@ -476,6 +487,7 @@ class Engine:
         # Commit: rejected draft slots past the new length go back to the allocator.
         for r, n in zip(reqs, s_after, strict=True):
             r.seq_len = n
+            assert r.kv is not None  # a running request holds its KV from its prefill on
             r.kv.shrink(n, self.pages, self.r2t)
 
     def _span(self, rec: Any, stream: str, name: str, cuda_stream: Any) -> Any:

@@ -150,8 +150,11 @@ class EngineConfig:
         from .loader import resolve_model_path
 
         target = ModelConfig.from_json(resolve_model_path(self.model) / "config.json")
-        draft = ModelConfig.from_json(resolve_model_path(self.draft) / "config.json") if self.spec_steps else None
-        return target, draft
+        if not self.spec_steps:
+            return target, None
+        if not self.draft:  # validate() refuses this too; model_configs() may be called on its own
+            raise ConfigError("speculative decoding (--spec-steps > 0) needs a --draft model")
+        return target, ModelConfig.from_json(resolve_model_path(self.draft) / "config.json")
 
     def check_models(self, target: ModelConfig, draft: ModelConfig | None) -> None:
         """Vocabularies agree and every request fits the models' positions."""

@@ -12,6 +12,8 @@ The KV cache of a layer is one tensor `[num_pages, 2, Hkv, P, D]` (HND), which e
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 XQA_PAGE_SIZES = (16, 32, 64, 128)
@@ -51,6 +53,17 @@ def _check_common(q: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Ten
         raise KernelArgumentError("query, KV cache, page table and cache_seqlens must be on one device")
 
 
+class _PagedPrefill(Protocol):
+    """What is used of flashinfer's `BatchPrefillWithPagedKVCacheWrapper` (flashinfer has no type information)."""
+
+    def plan(self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor, paged_kv_indices: torch.Tensor,
+             paged_kv_last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
+             page_size: int, *, causal: bool, sm_scale: float, q_data_type: torch.dtype,
+             kv_data_type: torch.dtype) -> None: ...
+
+    def run(self, q: torch.Tensor, paged_kv_cache: torch.Tensor) -> torch.Tensor: ...
+
+
 class FlashinferKernels:
     """The kernel set of one GPU."""
 
@@ -81,7 +94,7 @@ class FlashinferKernels:
         self.decode_entry = "trtllm_batch_decode_with_kv_cache"
         self.context_entry = {"fmha_v2": "trtllm_fmha_v2_prefill", "trtllm-gen": "trtllm_batch_context_with_kv_cache",
                               "flashinfer": "BatchPrefillWithPagedKVCacheWrapper.run"}[self.prefill]
-        self._prefill_wrapper = None
+        self._prefill_wrapper: _PagedPrefill | None = None  # made at the first flashinfer prefill
 
     def decode(self, q: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,
                cache_seqlens: torch.Tensor, *, q_len_per_req: int, page_size: int, scaling: float,
@@ -138,8 +151,10 @@ class FlashinferKernels:
         # The wrapper wants CSR page indices; deriving them needs host values (eager extend only).
         from flashinfer import BatchPrefillWithPagedKVCacheWrapper
 
-        if self._prefill_wrapper is None:
-            self._prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(self.prefill_workspace, kv_layout="HND")
+        wrapper = self._prefill_wrapper
+        if wrapper is None:
+            wrapper = self._prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(self.prefill_workspace,
+                                                                                  kv_layout="HND")
         lens = cache_seqlens.cpu()
         n_pages = (lens + page_size - 1) // page_size
         cols = torch.arange(page_table.shape[1], device=page_table.device)
@@ -148,10 +163,10 @@ class FlashinferKernels:
         indptr[1:] = torch.cumsum(n_pages, 0)
         last = (lens - (n_pages - 1) * page_size).int()
         dev = q.device
-        self._prefill_wrapper.plan(
+        wrapper.plan(
             cu_seqlens_q, indptr.to(dev), indices.int(), last.to(dev), q.shape[1], kv_cache.shape[2],
             q.shape[2], page_size, causal=True, sm_scale=scaling, q_data_type=q.dtype, kv_data_type=kv_cache.dtype)
-        return self._prefill_wrapper.run(q, kv_cache)
+        return wrapper.run(q, kv_cache)
 
 
 def make_flashinfer_kernels(device: torch.device, prefill: str = "fmha_v2") -> FlashinferKernels:

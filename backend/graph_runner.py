@@ -11,13 +11,16 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..tracer.schema import ForwardMode
 from .forward_batch import ForwardBatch
 from .trtllm_mha_backend import TRTLLMHABackend
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE  # what graph_pool_handle() returns; torch names it only privately
 
 
 def capture_ladder(max_bs: int) -> list[int]:
@@ -71,7 +74,7 @@ class GraphRunner:
         self.seq_lens_cpu = torch.zeros(max_bs, dtype=torch.int32)
         self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64, device=device)
         self.captured: dict[int, _Captured] = {}
-        self.mempool = None
+        self.mempool: _POOL_HANDLE | None = None  # one graph memory pool for every size, made at the first capture
         # Views of the static buffers, made once per size: slicing a tensor costs the host ~2.5 µs, and a replay
         # would otherwise slice about twelve of them. The views alias the buffers, so reusing them is exact.
         self._batches: dict[int, ForwardBatch] = {}
@@ -210,6 +213,7 @@ class GraphRunner:
         cap = self.captured[fb.batch_size]
         if cap.graph is not None:
             cap.graph.replay()  # its snapshot, when tracing, is in cap.packed or (with a ring) in a ring row
+            assert cap.logits is not None  # a captured graph keeps its static logits buffer
             return cap.logits[:raw_num_tokens], cap.packed, cap.ring_len
         if self.stamps is not None:
             self.stamps.launch()  # the emulated graph stamps where the captured one does

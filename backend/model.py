@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -97,6 +97,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class LlamaAttention(nn.Module):
     """GQA self-attention; the serving path delegates the attention itself to the backend."""
 
+    # Buffers registered as None and set by `fuse_projections` (declared here: nn.Module serves them untyped).
+    qkv_weight: torch.Tensor | None
+    qkv_bias: torch.Tensor | None
+
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
         hq, hkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -135,6 +139,7 @@ class LlamaAttention(nn.Module):
     def forward_fused(self, x: torch.Tensor, rope_ctx: Any, fb: Any, ops: Ops) -> torch.Tensor:
         """Serving path with one QKV GEMM and the op set's RoPE: x [N, hidden] -> [N, hidden]."""
         n = x.shape[0]
+        assert self.qkv_weight is not None  # fused when the op set was built (`_build_ops`), before any fused forward
         q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(self._qkv_sizes, dim=-1)
         q, k = ops.rope(rope_ctx, q, k, self.head_dim)
         # v stays a strided view of the GEMM output: the KV write takes strides, and a copy would be one more kernel.
@@ -154,6 +159,10 @@ class LlamaAttention(nn.Module):
 
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    # Buffers registered as None and set by `fuse_projections` (declared here: nn.Module serves them untyped).
+    gate_up_weight: torch.Tensor | None
+    gate_up_bias: torch.Tensor | None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -175,6 +184,7 @@ class LlamaMLP(nn.Module):
 
     def forward_fused(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         """One gate/up GEMM, the op set's SiLU-and-mul, the down GEMM."""
+        assert self.gate_up_weight is not None  # fused when the op set was built (`_build_ops`)
         return self.down_proj(ops.silu_and_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
 
 
@@ -225,7 +235,11 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding.from_pretrained(
             torch.empty(config.vocab_size, config.hidden_size), freeze=False
         )
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        layers = [LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)]
+        self.layers = nn.ModuleList(layers)  # registers them under HF's names (model.layers.N.*)
+        # The same layers as a typed sequence (a ModuleList yields plain Modules); the stack is never rebuilt, so
+        # the two stay the same objects in the same order.
+        self.decoder_layers: tuple[LlamaDecoderLayer, ...] = tuple(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -241,7 +255,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.attention_layers: list[AttentionLayer] = [layer.self_attn.layer for layer in self.model.layers]
+        self.attention_layers: list[AttentionLayer] = [layer.self_attn.layer for layer in self.model.decoder_layers]
         self._ops_setting: str | None = None  # None: $SPECSCOPE_FUSED_OPS (auto when unset)
         self._ops_env: str | None = os.environ.get(fused_ops.ENV_VAR)  # its value when _ops_setting was chosen
         self._ops: dict[torch.device, Ops | None] = {}  # per device; None = the plain path
@@ -274,14 +288,13 @@ class LlamaForCausalLM(nn.Module):
 
     def fuse_projections(self) -> None:
         """Fuse every layer's q/k/v and gate/up weights (idempotent; done at the first fused forward)."""
-        for layer in self.model.layers:
+        for layer in self.model.decoder_layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
 
     def _ops_for(self, device: torch.device) -> Ops | None:
-        ops = self._ops.get(device, False)
-        if ops is not False:
-            return ops
+        if device in self._ops:
+            return self._ops[device]
         name = fused_ops.ops_for(device, self.model.embed_tokens.weight.dtype, self._ops_setting)
         if name == "plain":
             self._ops[device] = None
@@ -318,6 +331,20 @@ class LlamaForCausalLM(nn.Module):
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, w).float()
 
+    @overload
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: Any, *,
+                logits_indices: torch.Tensor | None = None, return_hidden: Literal[False] = False) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: Any, *,
+                logits_indices: torch.Tensor | None = None,
+                return_hidden: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: Any, *,
+                logits_indices: torch.Tensor | None = None,
+                return_hidden: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -338,7 +365,7 @@ class LlamaForCausalLM(nn.Module):
         if ops is None:
             cos, sin = self.rotary(positions)
             h = self.model.embed_tokens(input_ids)
-            for layer in self.model.layers:
+            for layer in self.model.decoder_layers:
                 h = layer(h, cos, sin, fb)
             h = self.model.norm(h)
         else:
@@ -351,7 +378,7 @@ class LlamaForCausalLM(nn.Module):
         rope_ctx = ops.rope_context(positions)
         h = self.model.embed_tokens(input_ids)  # a fresh tensor: the residual stream may be updated in place
         residual = None
-        for layer in self.model.layers:
+        for layer in self.model.decoder_layers:
             h, residual = layer.forward_fused(h, residual, rope_ctx, fb, ops)
         norm = self.model.norm
         if residual is None:
@@ -362,7 +389,7 @@ class LlamaForCausalLM(nn.Module):
         """Causal LM over a dense batch: tokens int64 [B, L] at positions 0..L-1 -> float32 [B, L, vocab]."""
         cos, sin = self.rotary(torch.arange(tokens.shape[1], device=tokens.device))
         h = self.model.embed_tokens(tokens)
-        for layer in self.model.layers:
+        for layer in self.model.decoder_layers:
             h = layer.forward_dense(h, cos, sin)
         return self.compute_logits(self.model.norm(h))
 

@@ -210,7 +210,7 @@ def _model_type(d: dict[str, Any]) -> str:
             f"unsupported architecture {archs[0]!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     model_type = d.get("model_type")
-    if model_type in SUPPORTED_ARCHITECTURES.values():
+    if isinstance(model_type, str) and model_type in SUPPORTED_ARCHITECTURES.values():
         return model_type
     raise ValueError(
         f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES.values())}"

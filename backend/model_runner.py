@@ -8,17 +8,25 @@ inputs, the snapshot of what the kernels will consume, the forward or graph repl
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Any, Literal
 
 import torch
 
 from ..tracer.recorder import NullRecorder, Recorder, StepRecord, is_sticky_cuda_error
 from ..tracer.schema import ForwardMode, GraphPhase
+from .control import ControlledRecorder
 from .forward_batch import ForwardBatch
 from .graph_runner import GraphRunner
 from .memory import KVPool, ReqToTokenPool
+from .model import LlamaForCausalLM
 from .trtllm_mha_backend import AttentionKernels, MissingFixupHookBackend, TRTLLMHABackend
+
+# What the engine records through: the tracer's Recorder, the no-op NullRecorder, or the live viewer's
+# ControlledRecorder around either (it passes every other call through).
+EngineRecorder = Recorder | NullRecorder | ControlledRecorder
 
 
 @dataclass
@@ -35,10 +43,10 @@ class ModelRunner:
     """A target or draft model on the engine's device, with everything its forwards need."""
 
     def __init__(
-        self, *, name: str, model: torch.nn.Module, num_layers: int, num_kv_heads: int, head_dim: int,
+        self, *, name: str, model: LlamaForCausalLM, num_layers: int, num_kv_heads: int, head_dim: int,
         dtype: torch.dtype, r2t: ReqToTokenPool, num_kv_pages: int, page_size: int,
         max_context_len: int, num_draft_tokens: int, num_draft_steps: int, kernels: AttentionKernels,
-        device: torch.device, faults: frozenset[str], recorder: Recorder | NullRecorder,
+        device: torch.device, faults: frozenset[str], recorder: EngineRecorder,
         num_q_heads: int = 0, max_bs: int = 1, tokens_per_req: int = 1, attention_every: int = 0,
     ) -> None:
         self.name = name
@@ -48,6 +56,9 @@ class ModelRunner:
         self.num_kv_pages = num_kv_pages
         self.device = device
         self.recorder = recorder
+        # The recorder on the paths only tracing reaches (the snapshot ring, deferred records); None for a
+        # NullRecorder, which opens no ring and defers nothing.
+        self._tracer = None if isinstance(recorder, NullRecorder) else recorder
         self.faults = faults
         self.kv_pool = KVPool(num_layers, num_kv_pages, page_size, num_kv_heads, head_dim, dtype, device)
         missing_hook = name == "target" and "missing-fixup-hook" in faults
@@ -68,7 +79,8 @@ class ModelRunner:
                 be.enable_probe(max_bs * tokens_per_req, num_q_heads, head_dim, dtype)
         self._strided = torch.arange(0, max_context_len + page_size, page_size, device=device)
         self.max_context_len = max_context_len
-        self.compute_stream: Any = None  # the engine's compute stream (its forwards' spans are stamped on it)
+        # The engine's compute stream (its forwards' spans are stamped on it); None on the CPU.
+        self.compute_stream: torch.cuda.Stream | None = None
         self._layouts: dict[tuple[Any, ...], Any] = {}  # snapshot layouts by the (address, shape) of each tensor
         # A replay's: by the address and the object of each tensor (a graph's buffers come back every replay). An
         # entry holds its tensors, so their ids are not reused while it is cached, and a tensor object's shape is
@@ -85,24 +97,33 @@ class ModelRunner:
 
     def backend_for(self, mode: ForwardMode, step_id: int | None) -> TRTLLMHABackend:
         """The backend that serves a forward mode (draft decode step i has its own)."""
-        return self.draft_backends[step_id] if mode == ForwardMode.DRAFT_DECODE else self.backend
+        if mode == ForwardMode.DRAFT_DECODE:
+            assert step_id is not None  # every draft decode forward is one numbered draft step
+            return self.draft_backends[step_id]
+        return self.backend
 
     # ---- graphs --------------------------------------------------------------------------------------
-    def capture_graphs(self, modes: list[tuple[ForwardMode, int | None, int]], max_bs: int,
+    def capture_graphs(self, modes: Sequence[tuple[ForwardMode, int | None, int]], max_bs: int,
                        template: ForwardBatch, ladder: list[int] | None = None) -> None:
         """Capture (mode, step_id, tokens/request) for every ladder size; each capture is a recorded step."""
         self._run_later()
         for mode, step_id, tpr in modes:
             backend = self.backend_for(mode, step_id)
             backend.init_cuda_graph_state(max_bs, max_bs * tpr)
+
+            def pack(fb: ForwardBatch, be: TRTLLMHABackend = backend) -> torch.Tensor:
+                return self.pack_snapshot(be, fb)
+
+            def ring_write(fb: ForwardBatch, be: TRTLLMHABackend = backend) -> int:
+                return self.write_snapshot_row(be, fb)
+
             runner = GraphRunner(
                 name=f"{self.name}:{mode.value}:{step_id}", mode=mode, forward=self.model.forward, backend=backend,
                 template=_with(template, mode, step_id, backend), max_bs=max_bs, tokens_per_req=tpr,
                 device=self.device, pad_seq_len_from_live="padded-row-seqlen" in self.faults,
-                pack=(lambda fb, be=backend: self.pack_snapshot(be, fb)) if self.recorder.enabled else None,
+                pack=pack if self.recorder.enabled else None,
                 ladder=ladder, stamps=self.recorder.compute_stamps,
-                ring_write=(lambda fb, be=backend: self.write_snapshot_row(be, fb))
-                if getattr(self.recorder, "ring", None) is not None else None)
+                ring_write=ring_write if getattr(self.recorder, "ring", None) is not None else None)
             self.runners[(mode, step_id)] = runner
             # Largest batch first, as SGLang captures: smaller graphs reuse the memory pool the largest allocated.
             for bs in reversed(runner.ladder):
@@ -175,9 +196,10 @@ class ModelRunner:
         span = self.recorder.span
         if prep.runner is not None:
             prep.runner.copy_draft_dependent_inputs(prep.live, prep.fb.batch_size)
-            stamps = prep.runner.stamps if rec is not None else None
+            stamps = prep.runner.stamps
             with self._record_failure(rec, prep.backend, prep.fb):
-                if stamps is not None:  # the graph stamps its own span ("forward": first node to last)
+                # Traced, the graph stamps its own span ("forward": first node to last).
+                if rec is not None and stamps is not None:
                     logits, packed, ring_len = prep.runner.replay(prep.fb, prep.live.num_tokens)
                     self.recorder.graph_span(rec, "compute", "forward", stamps)
                 else:
@@ -188,7 +210,9 @@ class ModelRunner:
                     # The replay's row is numbered now (launch order); the rest of its record reads objects nothing
                     # changes before this runner is prepared again, so it is made at the next poll, where the host
                     # waits for the GPU, not here, where the GPU may be waiting for the next launch.
-                    seq = self.recorder.claim_row()  # type: ignore[union-attr]
+                    tracer = self._tracer
+                    assert tracer is not None  # records are deferred (self._later) only while tracing
+                    seq = tracer.claim_row()
                     self._deferred_for.update((prep.runner, prep.backend))
                     self._later(self._record_replay, rec, prep.backend, prep.fb, ring_len, seq, prep.runner)
                 else:
@@ -205,7 +229,9 @@ class ModelRunner:
 
     def _run_later(self) -> None:
         if self._deferred_for:
-            self.recorder.run_later()  # type: ignore[union-attr]
+            tracer = self._tracer
+            assert tracer is not None  # records are deferred only while tracing
+            tracer.run_later()
 
     def _record_replay(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch, ring_len: int, seq: int,
                        runner: GraphRunner) -> None:
@@ -284,7 +310,10 @@ class ModelRunner:
         """Write `pack_snapshot`'s values into the recorder's snapshot ring (its current row; device ops only, so a
         graph captures them) and return their number: one kernel where the ring has a packer (GPU with Triton) and
         the row is small enough for it, else the torch pack and a row copy."""
-        ring = self.recorder.ring  # type: ignore[union-attr]
+        tracer = self._tracer
+        # A graph writes ring rows only where the ring was open when it was captured (and it stays open).
+        ring = tracer.ring if tracer is not None else None
+        assert ring is not None
         if ring.packer is not None:
             parts = [t.reshape(-1) for t in self._metadata_values(backend, fb)]
             cols = backend.forward_metadata.page_table.shape[1]
@@ -332,8 +361,11 @@ class ModelRunner:
         if crop is None:
             crop = self._crops[width] = {"page_table": width, "req_to_token_page_starts": width}
         if ring_len:
-            self.recorder.snapshot_ring(rec, ring_len, layout, crop, seq)
+            tracer = self._tracer
+            assert tracer is not None  # only a tracing recorder opens the ring replays write into
+            tracer.snapshot_ring(rec, ring_len, layout, crop, seq)
         else:
+            assert packed is not None  # packed above for an eager step; handed over by a replay without a ring
             self.recorder.snapshot_pack(rec, packed, layout, crop_cols=crop)
         scalars = {
             "max_seq_len_q": md.max_seq_len_q, "kernel_q_len": md.kernel_q_len, "max_seq_len_k": md.max_seq_len_k,
@@ -364,8 +396,9 @@ class _RecordFailure:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        if exc_type is not None and issubclass(exc_type, Exception):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
+        if isinstance(exc, Exception):
             self.runner._failed(self.rec, self.backend, self.fb, exc)
         return False  # the exception goes on
 

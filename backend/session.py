@@ -22,6 +22,9 @@ from .control import ControlledRecorder, ControlPoint, RunStopped
 from .engine import Engine, RunStats
 from .engine_config import ConfigError, EngineConfig
 from .loader import load_model, tokenizer_kind
+from .model import LlamaForCausalLM
+from .model_config import ModelConfig
+from .model_runner import EngineRecorder
 from .request import Request
 from .workload import make_requests
 
@@ -148,16 +151,16 @@ class _Parts:
 
     cfg: EngineConfig
     trace_path: str | None
-    target: Any
-    draft: Any
-    tcfg: Any
+    target: tuple[LlamaForCausalLM, ModelConfig]
+    draft: tuple[LlamaForCausalLM, ModelConfig] | None
+    tcfg: ModelConfig
     byte_level: bool
     stops: frozenset[int]
     requests: list[Request]
     kernels: Any
     device_name: str
     writer: ProcessTraceWriter | None
-    recorder: Any
+    recorder: EngineRecorder
     control: ControlPoint | None
     engine: Engine | None = None
     ended_by: BaseException | None = None  # what ended the run early (the trace's end record says), None: nothing
@@ -180,6 +183,7 @@ def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwri
                         seed=cfg.seed)
     draft = None
     if cfg.spec_steps > 0:
+        assert cfg.draft  # validate() refuses speculation without a draft
         draft = load_model(cfg.draft, device=dev, dtype=cfg.torch_dtype, random_weights=random_weights,
                            seed=cfg.seed + 1)
         if draft[1].vocab_size != target[1].vocab_size:
@@ -200,7 +204,7 @@ def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwri
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     cap = ".".join(map(str, torch.cuda.get_device_capability(dev))) if dev.type == "cuda" else None
     writer = None
-    recorder: Recorder | NullRecorder = NullRecorder()
+    recorder: EngineRecorder = NullRecorder()
     if trace_path:
         info = RunInfo(command=command, config=cfg.to_dict(), target_model=str(cfg.model),
                        draft_model=str(cfg.draft) if cfg.spec_steps else None, device=device_name,
@@ -215,7 +219,7 @@ def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwri
                 os.remove(trace_path)
             raise ConfigError(f"cannot record on {device_name}: {e} (--no-trace runs without recording)") from e
     if control is not None:
-        recorder = ControlledRecorder(recorder, control)  # type: ignore[assignment]
+        recorder = ControlledRecorder(recorder, control)
     return _Parts(cfg, trace_path, target, draft, tcfg, byte_level, stops, requests, kernels, device_name, writer,
                   recorder, control)
 

@@ -77,12 +77,13 @@ def num_parameters(c: ModelConfig) -> int:
 def estimate(shape: RunShape, target: ModelConfig, draft: ModelConfig | None) -> Estimate:
     """Memory of a run with these settings and models (upper-bound-ish, within ~20 % of what torch allocates)."""
     b = DTYPE_BYTES[shape.dtype]
-    spec = draft is not None and shape.spec_steps > 0
+    spec_draft = draft if shape.spec_steps > 0 else None  # a draft runs only when the run speculates
+    spec = spec_draft is not None
     t = shape.verify_tokens if spec else 1
     bs = shape.batch_size
     ctx = context_len(shape.prompt_max, shape.max_new_tokens, t, shape.page_size)
     num_pages = bs * (ctx // shape.page_size) + 2
-    models = [target] + ([draft] if spec else [])
+    models = [target] if spec_draft is None else [target, spec_draft]
     weights = sum(num_parameters(m) for m in models) * b
     kv = sum(m.num_hidden_layers * num_pages * 2 * m.num_key_value_heads * shape.page_size * m.head_dim * b
              for m in models)
@@ -92,7 +93,7 @@ def estimate(shape: RunShape, target: ModelConfig, draft: ModelConfig | None) ->
         ladder = _ladder(bs)
         # Static inputs, page tables and cu_seqlens per runner; on a GPU each captured graph also keeps its
         # float32 logits output (the graph pool shares activations, not outputs).
-        runners = [(target, t)] + ([(draft, 1)] * (t - 1) if spec else [])
+        runners = [(target, t)] + ([(spec_draft, 1)] * (t - 1) if spec_draft is not None else [])
         for m, tpr in runners:
             graphs += bs * tpr * 8 * 3 + bs * (ctx // shape.page_size + 3) * 4
             if shape.on_gpu:

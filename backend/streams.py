@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
@@ -20,15 +19,16 @@ class Streams:
         self.is_cuda = device.type == "cuda"
         self.device = device
         self.plan_enabled = plan_stream
-        self.compute: Any = torch.cuda.current_stream(device) if self.is_cuda else None
-        self.plan: Any = torch.cuda.Stream(device) if (self.is_cuda and plan_stream) else None
+        # None on the CPU, where the engine runs everything in host order.
+        self.compute: torch.cuda.Stream | None = torch.cuda.current_stream(device) if self.is_cuda else None
+        self.plan: torch.cuda.Stream | None = torch.cuda.Stream(device) if (self.is_cuda and plan_stream) else None
         # One event per edge, re-recorded each time: a wait takes the event's state when it is enqueued, and
         # creating an event per wait (as Stream.wait_stream does) costs the host more than recording one.
-        self._producers = torch.cuda.Event() if self.is_cuda else None
-        self._plan_done = torch.cuda.Event() if self.plan is not None else None
+        self._producers: torch.cuda.Event | None = torch.cuda.Event() if self.is_cuda else None
+        self._plan_done: torch.cuda.Event | None = torch.cuda.Event() if self.plan is not None else None
 
     @contextlib.contextmanager
-    def on_plan(self) -> Iterator[Any]:
+    def on_plan(self) -> Iterator[torch.cuda.Stream | None]:
         """Run the body on the plan stream (or the compute stream when the plan stream is off)."""
         if self.plan is None:
             yield self.compute
@@ -36,15 +36,15 @@ class Streams:
         with torch.cuda.stream(self.plan):
             yield self.plan
 
-    def record_producers(self, stream: Any) -> Any:
+    def record_producers(self, stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
         """The producers' event, recorded on `stream` now (None on the CPU); valid until the next call."""
-        if not self.is_cuda:
+        ev = self._producers  # None exactly on the CPU
+        if ev is None:
             return None
-        ev = self._producers
         ev.record(stream)
         return ev
 
-    def plan_wait(self, event: Any) -> bool:
+    def plan_wait(self, event: torch.cuda.Event | None) -> bool:
         """Order the plan stream after `event` (the producers of seq_lens and req_to_token); True when a wait was
         enqueued (on the CPU the emulated plan stream runs in host order, so the wait is enqueued trivially)."""
         if not self.plan_enabled:
@@ -58,6 +58,7 @@ class Streams:
         if not self.plan_enabled:
             return False
         if self.plan is not None:
+            assert self._plan_done is not None and self.compute is not None  # made with the plan stream, on a GPU
             self._plan_done.record(self.plan)
             self.compute.wait_event(self._plan_done)
         return True

@@ -39,14 +39,15 @@ class AttentionKernels(Protocol):
 
 @dataclass
 class TRTLLMMHAMetadata:
-    """What the kernels consume (`TRTLLMMHAMetadata`, TMB L47-64)."""
+    """What the kernels consume (`TRTLLMMHAMetadata`, TMB L47-64). SGLang's fields default to None; here a
+    metadata object is made only once its tensors exist, so the kernels never see a missing one."""
 
-    cache_seqlens_int32: torch.Tensor | None = None  # int32 [rows]: KV length incl. this forward's tokens
+    cache_seqlens_int32: torch.Tensor  # int32 [rows]: KV length incl. this forward's tokens
+    cu_seqlens_q: torch.Tensor  # int32 [rows+1]
+    cu_seqlens_k: torch.Tensor  # int32 [rows+1]
+    page_table: torch.Tensor  # int32 [rows, W]: physical page of logical page j
     max_seq_len_q: int = 1  # tokens per request; frozen into a graph at capture
     max_seq_len_k: int = 0  # host max(cache_seqlens); sizes the page-table refresh only
-    cu_seqlens_q: torch.Tensor | None = None  # int32 [rows+1]
-    cu_seqlens_k: torch.Tensor | None = None  # int32 [rows+1]
-    page_table: torch.Tensor | None = None  # int32 [rows, W]: physical page of logical page j
     # Graph bookkeeping (not in SGLang's dataclass; we record it so checks can compare capture and replay).
     captured_max_seq_len_q: int | None = None  # the value the graph froze; None for eager metadata
     extra: dict[str, Any] = field(default_factory=dict)
@@ -81,7 +82,7 @@ class TRTLLMHABackend(AttentionBackend):
         self.kernels = kernels
         self.device = device
         self.faults = faults
-        self.forward_metadata = TRTLLMMHAMetadata()
+        self._metadata: TRTLLMMHAMetadata | None = None  # the forward's metadata, once one was prepared
         self.fired: list[str] = []  # faults that changed the metadata since `take_fired` (accounting only)
         self.calling: str | None = None  # the kernel entry point being called (named in a CallError if it raises)
         self.graph_metadata: dict[tuple[ForwardMode, int], TRTLLMMHAMetadata] = {}
@@ -90,9 +91,17 @@ class TRTLLMHABackend(AttentionBackend):
         self._max_bs = 0
         # Attention probe (differential check): layer 0's q and output of the latest forward.
         self.probe_enabled = False
-        self.probe_q: torch.Tensor | None = None
-        self.probe_out: torch.Tensor | None = None
+        self._probe_last: tuple[torch.Tensor, torch.Tensor] | None = None  # (q, output) of an eager forward
         self._probe_static: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def forward_metadata(self) -> TRTLLMMHAMetadata:
+        """The metadata of the forward last prepared (eager, graph capture or replay prep)."""
+        md = self._metadata
+        if md is None:
+            raise RuntimeError(f"{type(self).__name__} has no forward metadata yet: init_forward_metadata (or a "
+                               "CUDA-graph capture or replay prep) must run before the forward")
+        return md
 
     # ---- eager ---------------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -100,42 +109,45 @@ class TRTLLMHABackend(AttentionBackend):
         bs, mode, dev = fb.batch_size, fb.forward_mode, self.device
         seq_lens = fb.seq_lens[:bs]
         s_max = int(fb.seq_lens_cpu[:bs].max()) if bs else 0
-        md = TRTLLMMHAMetadata()
+        max_seq_len_q = 1
         if mode == ForwardMode.DECODE:
-            md.cache_seqlens_int32 = seq_lens.to(torch.int32)
-            md.max_seq_len_k = s_max
-            md.cu_seqlens_q = torch.arange(0, bs + 1, dtype=torch.int32, device=dev)
+            cache_seqlens = seq_lens.to(torch.int32)
+            max_seq_len_k = s_max
+            cu_seqlens_q = torch.arange(0, bs + 1, dtype=torch.int32, device=dev)
         elif mode == ForwardMode.DRAFT_DECODE:
             off = self.speculative_step_id + 1
-            md.cache_seqlens_int32 = (seq_lens + off).to(torch.int32)
-            md.max_seq_len_k = s_max + off
-            md.cu_seqlens_q = torch.arange(0, bs + 1, dtype=torch.int32, device=dev)
+            cache_seqlens = (seq_lens + off).to(torch.int32)
+            max_seq_len_k = s_max + off
+            cu_seqlens_q = torch.arange(0, bs + 1, dtype=torch.int32, device=dev)
         elif mode == ForwardMode.TARGET_VERIFY:
             t = fb.num_tokens // bs
-            md.cache_seqlens_int32 = (seq_lens + t).to(torch.int32)
-            md.max_seq_len_q = t
-            md.max_seq_len_k = s_max + t
-            md.cu_seqlens_q = torch.arange(0, bs * t + 1, t, dtype=torch.int32, device=dev)
+            cache_seqlens = (seq_lens + t).to(torch.int32)
+            max_seq_len_q = t
+            max_seq_len_k = s_max + t
+            cu_seqlens_q = torch.arange(0, bs * t + 1, t, dtype=torch.int32, device=dev)
         elif mode in (ForwardMode.DRAFT_EXTEND, ForwardMode.EXTEND):
             ext = fb.extend_seq_lens_cpu or []
-            md.cache_seqlens_int32 = seq_lens.to(torch.int32)
-            md.max_seq_len_k = s_max
-            md.max_seq_len_q = max(ext) if ext else 1
+            cache_seqlens = seq_lens.to(torch.int32)
+            max_seq_len_k = s_max
+            max_seq_len_q = max(ext) if ext else 1
             if ext and min(ext) == max(ext):  # draft extend (T per row): built on the device, no host copy
-                md.cu_seqlens_q = torch.arange(0, bs * ext[0] + 1, ext[0], dtype=torch.int32, device=dev)
+                cu_seqlens_q = torch.arange(0, bs * ext[0] + 1, ext[0], dtype=torch.int32, device=dev)
             else:
                 cu_q = torch.zeros(bs + 1, dtype=torch.int32)
                 cu_q[1:] = torch.cumsum(torch.tensor(ext, dtype=torch.int32), 0)
-                md.cu_seqlens_q = cu_q.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else cu_q
+                cu_seqlens_q = cu_q.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else cu_q
         else:
             raise ValueError(f"unsupported forward mode {mode}")
-        md.cu_seqlens_k = _prefix_sum(md.cache_seqlens_int32)
-        width = -(-md.max_seq_len_k // self.page_size)
+        cu_seqlens_k = _prefix_sum(cache_seqlens)
+        width = -(-max_seq_len_k // self.page_size)
         strided = torch.arange(0, width * self.page_size, self.page_size, device=dev)
         rpi = fb.req_pool_indices[:bs]
-        md.page_table = (self.req_to_token[rpi[:, None], strided[None, :]] // self.page_size).to(torch.int32)
+        page_table = (self.req_to_token[rpi[:, None], strided[None, :]] // self.page_size).to(torch.int32)
+        md = TRTLLMMHAMetadata(cache_seqlens_int32=cache_seqlens, cu_seqlens_q=cu_seqlens_q,
+                               cu_seqlens_k=cu_seqlens_k, page_table=page_table, max_seq_len_q=max_seq_len_q,
+                               max_seq_len_k=max_seq_len_k)
         self._wild_page(md, mode, bs)
-        self.forward_metadata = md
+        self._metadata = md
 
     def take_fired(self) -> list[str]:
         """The faults that changed metadata since the last call (for the step being prepared)."""
@@ -238,13 +250,13 @@ class TRTLLMHABackend(AttentionBackend):
         if fb.forward_mode == ForwardMode.DRAFT_EXTEND and "draft-extend-capture-q-len" in self.faults:
             md.captured_max_seq_len_q = 1  # v1 took max_seq_len_q from the accept counts: 1 at capture (G5)
             self._fire("draft-extend-capture-q-len")
-        self.forward_metadata = md
+        self._metadata = md
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
         """Replay prep: refresh the views bound at capture."""
         md = self.graph_metadata[(fb.forward_mode, bs)]
         self._apply_cuda_graph_metadata(md, bs, fb, in_capture=False)
-        self.forward_metadata = md
+        self._metadata = md
 
     def enable_probe(self, max_tokens: int, num_q_heads: int, head_dim: int, dtype: torch.dtype) -> None:
         """Keep layer 0's q and output of each forward; graphs copy them into static buffers on replay."""
@@ -258,19 +270,21 @@ class TRTLLMHABackend(AttentionBackend):
             return None
         if replayed_graph and self._probe_static is not None:
             return self._probe_static[0][:num_tokens], self._probe_static[1][:num_tokens]
-        if self.probe_q is None:
+        if self._probe_last is None:
             return None
-        return self.probe_q[:num_tokens], self.probe_out[:num_tokens]
+        q, out = self._probe_last
+        return q[:num_tokens], out[:num_tokens]
 
     def _probe(self, layer: AttentionLayer, q: torch.Tensor, out: torch.Tensor) -> None:
         if not self.probe_enabled or layer.layer_id != 0:
             return
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            assert self._probe_static is not None  # enable_probe made the static buffers with probe_enabled
             n = q.shape[0]
             self._probe_static[0][:n].copy_(q)
             self._probe_static[1][:n].copy_(out)
         else:
-            self.probe_q, self.probe_out = q, out
+            self._probe_last = (q, out)
 
     def spec_mask(self, rows: int, q_len: int) -> torch.Tensor:
         """The packed causal mask XQA needs for verify, built once per T (like `_xqa_spec_dec_mask`)."""
