@@ -147,7 +147,7 @@ class ControlPoint:
                 cmd = self._apply(msg)
                 if self.stopped:
                     raise RunStopped(f"stopped by the viewer after step {index}")
-                if cmd == "ack" and int(msg.get("index", -1)) >= index:  # type: ignore[union-attr]
+                if cmd == "ack" and msg is not None and int(msg.get("index", -1)) >= index:
                     return
                 if cmd == "pause":
                     break

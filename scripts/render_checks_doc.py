@@ -117,8 +117,8 @@ def main() -> None:
             "  exits with one line, and the trace keeps the host-side record of every step still pending (header,",
             "  requests, host arrays such as `seq_lens_cpu`; device snapshots may never have landed) with the step",
             "  the error hit marked by a fatal call error carrying the error verbatim (K1).",
-            "- Steps are numbered in launch order (a forward is numbered when it is launched); capture steps come first",
-            "  (iteration -1)."]
+            "- Steps are numbered in launch order (a forward is numbered when it is launched); capture steps come",
+            "  first (iteration -1)."]
     print("\n".join(out))
 
 
