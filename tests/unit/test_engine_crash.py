@@ -33,15 +33,30 @@ def test_sigkill_during_run_keeps_committed_steps(tmp_path) -> None:
             except Exception:  # noqa: BLE001 - the file may be mid-creation
                 seen = 0
     assert seen >= 40, "the run did not get far enough to test a kill"
+    writers = [pid for pid, _ in _children(proc.pid)] if os.path.isdir("/proc") else []
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    time.sleep(1.0)  # the writer process sees end-of-input and commits what it received
+    # The writer process sees end-of-input, commits what it received and exits: wait for that, not the clock.
+    deadline = time.time() + 120
+    while time.time() < deadline and any(os.path.exists(f"/proc/{pid}") and not _zombie(pid) for pid in writers):
+        time.sleep(0.05)
+    if not writers:
+        time.sleep(2.0)  # no /proc to watch the writer by
     with TraceReader(path) as r:
         n = r.num_steps()
         steps = list(r.steps())
     assert n >= seen and len(steps) == n
     assert [s.index for s in steps] == list(range(n))
     assert list(check_steps(steps)) == []  # every committed step is whole and consistent
+
+
+def _zombie(pid: int) -> bool:
+    """Whether process `pid` has exited and waits to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def _children(pid: int) -> list[tuple[int, str]]:
