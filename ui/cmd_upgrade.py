@@ -38,6 +38,7 @@ def upgrade_trace(old: str, new: str, *, overwrite: bool = False, check: bool = 
         if r.major >= 2:
             raise TraceError(f"is already schema {r.schema_version}; nothing to upgrade", old)
         w = TraceWriter(new, r.run, overwrite=overwrite, threaded=False)
+        w.copy_end(r.end_state())  # a schema-1 trace has no end record: the upgrade then has none either
         try:
             for step in r.steps():
                 w.write_step(step)  # violations inside a body keep their source "recorder"

@@ -129,6 +129,13 @@ def test_ctrl_c_says_interrupted_at_the_last_committed_step(tmp_path: Path) -> N
     assert isinstance(end["lost_in_flight"], int) and 0 <= end["lost_in_flight"] <= 16
     assert end["label"] == f"interrupted (SIGINT) at step {n - 1}"
     assert f"(schema 2.0, interrupted (SIGINT) at step {n - 1})" in _info_text(path).splitlines()[0]
+    # A bug report cut from it says how the run it came from ended.
+    zp = str(tmp_path / "sigint.zip")
+    out = subprocess.run([*CLI, "export", path, "--bundle", zp, "--steps", "10:20"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    bend = _info(zp)["end_state"]
+    assert (bend["state"], bend["step"], bend["label"]) == ("interrupted", n - 1, end["label"])
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")

@@ -193,6 +193,7 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
         dropped: list[int] = []
         coder = _KVCoder(reader, delta_kv)
         with TraceWriter(db, reader.run) as w:
+            w.copy_end(reader.end_state())  # the bundle says how the run it was cut from ended
             for i in indexes:
                 step: Step = reader.step(i)  # under its own index: the gaps are the steps left out
                 request_ids.update(r.request_id for r in step.requests)
