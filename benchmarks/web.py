@@ -8,8 +8,8 @@ summaries in the background: a first timeline opened the moment the server start
 (from the summaries loaded so far) and until it has redrawn itself complete; the timed loads after it start once
 the summaries are in. A step page is measured both as a fresh load of `/step/N` and as the in-page move to the
 next step (the → key), which is what stepping costs. `--ab full,partial` (the default) also times fresh timeline
-loads of the same trace served with each plotly.js variant (full / partial bundle, `-nohint` without the compile
-hint), alternating in the same run, so a busy machine weighs on each alike.
+loads of the same trace served with each plotly.js bundle (the plotly package's full one, the fallback, and our
+partial one), alternating in the same run, so a busy machine weighs on each alike.
 
     python benchmarks/web.py --steps 100000 --out benchmarks/results/web.json --md benchmarks/results/web.md
 """
@@ -153,8 +153,7 @@ def _measure(args: argparse.Namespace, browser: object, app: object, src: object
 
     timeline, step_load, step_next, payload = [], [], [], {}
     bundle = app.plotly_bundle  # type: ignore[attr-defined]
-    payload["plotly_js"] = {"url": bundle.url, "partial": bundle.partial, "compile_hint": bundle.hint,
-                            "bytes": os.path.getsize(bundle.path)}
+    payload["plotly_js"] = {"url": bundle.url, "partial": bundle.partial, "bytes": os.path.getsize(bundle.path)}
     graphs = ["tl-overview", "tl-gantt", "tl-overlap"]
     # The very first timeline, opened while the server is still loading summaries.
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
@@ -271,12 +270,10 @@ def _measure(args: argparse.Namespace, browser: object, app: object, src: object
 def _bundle(variant: str) -> object:
     from specscope.ui.web import scripts
 
-    kind, _, hint = variant.partition("-")
-    if kind not in ("full", "partial") or hint not in ("", "nohint"):
-        raise SystemExit(f"web.py: error: unknown --ab variant {variant!r} "
-                         "(full, partial, full-nohint, partial-nohint)")
-    b = scripts.full_bundle(hint=not hint) if kind == "full" else scripts.choose_bundle(hint=not hint)
-    if kind == "partial" and not b.partial:
+    if variant not in ("full", "partial"):
+        raise SystemExit(f"web.py: error: unknown --ab variant {variant!r} (full, partial)")
+    b = scripts.full_bundle() if variant == "full" else scripts.choose_bundle()
+    if variant == "partial" and not b.partial:
         raise SystemExit("web.py: error: no partial plotly.js bundle for the installed plotly (see the line above)")
     return b
 
@@ -402,8 +399,7 @@ def _plotly_md(res: dict) -> str:
     if not p:
         return "plotly.js is 4.85 MB of them"
     kind = "the partial plotly.js bundle" if p["partial"] else "the full plotly.js bundle"
-    hint = ", served with the compile hint" if p["compile_hint"] else ""
-    return f"of them {kind} `{p['url']}`: {p['bytes']:,} bytes{hint}"
+    return f"of them {kind} `{p['url']}`: {p['bytes']:,} bytes, served with the compile hint"
 
 
 def _breakdown_md(res: dict) -> str:
@@ -438,8 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", default="samples/traces/h200-plan-stream.db",
                     help="a small trace whose timeline is timed too, as the machine's floor ('' to skip)")
     ap.add_argument("--ab", default="full,partial",
-                    help="plotly.js variants to compare in the same run (full, partial, full-nohint, partial-nohint; "
-                         "comma-separated; '' to skip)")
+                    help="plotly.js bundles to compare in the same run (full, partial; comma-separated; '' to skip)")
     ap.add_argument("--ab-repeats", type=int, default=6, help="timed loads per A/B variant")
     ap.add_argument("--out", help="write the results JSON here")
     ap.add_argument("--md", help="write a short markdown report here")

@@ -253,7 +253,7 @@ def test_plotly_js_is_served_once_hinted_and_cached(client: object) -> None:
     assert r.status_code == 200 and r.mimetype == "application/javascript"
     body = r.get_data()
     with open(scripts.choose_bundle().path, "rb") as f:
-        assert body == (scripts.HINT if scripts.USE_HINT else b"") + f.read()
+        assert body == scripts.HINT + f.read()
     assert "immutable" in r.headers["Cache-Control"]
     index = client.get("/").get_data(as_text=True)  # type: ignore[attr-defined]
     assert f'rel="preload" as="script" href="{scripts.plotly_url()}"' in index

@@ -43,8 +43,7 @@ if TYPE_CHECKING:
 strip_cycles.apply()  # no reference cycle per drawn line: the cyclic collector stays off the key path
 
 WINDOW = 200  # steps either side of the current one in the acceptance window
-PREFETCH_NEIGHBOURS = True  # decode the next step in the direction of travel on a thread (source.prefetch_steps)
-PREFETCH_IDLE_S = 0.05  # ... once the keys pause this long (see _prefetch_when_idle)
+PREFETCH_IDLE_S = 0.05  # the neighbour thread decodes the next step once the keys pause this long (_prefetch_when_idle)
 
 
 class Accelerator:
@@ -305,15 +304,15 @@ class SpecscopeApp(App[int]):
             self._side(st)
         self._status()
         src.prefetch(i - WINDOW - BLOCK, i + WINDOW + BLOCK)
-        if PREFETCH_NEIGHBOURS:
-            # Rows, not indexes (a bundle's skip): the next press most likely moves as far again.
-            d = (src.row_of(i) - src.row_of(self._shown)) or 1
-            # ... and where `n` / `N` would jump (their summaries too, for the step list around them).
-            jumps = [j for j in (src.violations.next_step(i), src.violations.next_step(i, backward=True))
-                     if j is not None]
-            self._prefetch_when_idle([src.offset(i, d), src.offset(i, -d), *jumps])
-            for j in jumps:
-                src.prefetch(j - BLOCK, j + BLOCK)
+        # The next step in the direction of travel, decoded on a thread (source.prefetch_steps): rows, not indexes
+        # (a bundle's skip), since the next press most likely moves as far again.
+        d = (src.row_of(i) - src.row_of(self._shown)) or 1
+        # ... and where `n` / `N` would jump (their summaries too, for the step list around them).
+        jumps = [j for j in (src.violations.next_step(i), src.violations.next_step(i, backward=True))
+                 if j is not None]
+        self._prefetch_when_idle([src.offset(i, d), src.offset(i, -d), *jumps])
+        for j in jumps:
+            src.prefetch(j - BLOCK, j + BLOCK)
         self._shown = i
 
     def _prefetch_when_idle(self, steps: list[int]) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from textual import events
 from textual.screen import Screen
 
-FRAME_ON_IDLE = True  # off: Textual's own frame timing (for A/B measurements)
 _TICK = getattr(Screen, "_on_timer_update", None)  # the timer's work; a Textual without it keeps its own pace
 
 
@@ -28,7 +27,7 @@ class MainScreen(Screen):
 
     async def _on_idle(self, event: events.Idle) -> None:
         # Screen._on_idle (which resumes the frame timer) runs after this unless the event's default is prevented.
-        if not (self.frame_now and FRAME_ON_IDLE and callable(_TICK)) or not self.is_current or \
+        if not (self.frame_now and callable(_TICK)) or not self.is_current or \
                 bool(getattr(self.app, "_batch_count", 0)):
             return
         self.frame_now = False

@@ -9,9 +9,9 @@ request, instead of after the first graph asks for it.
   bundle is served instead, and one line on stderr says so: never a bundle of another version.
 - It is served by our own route with V8's compile-hint comment `//# allFunctionsCalledOnLoad` in front: Chromium
   then compiles every function while the script streams in, instead of one function at a time on the main thread
-  as the code first runs (an A/B on the partial bundle: still a little faster with it). The URL carries
-  plotly.js's version, the trace list and a hash of the file, so a browser keeps it for a year; a gzip copy is
-  made once, in the background, for a browser on the far side of an SSH tunnel (1.06 MB -> 356 KB).
+  as the code first runs (measured on the partial bundle: a little faster with it, benchmarks/results/web.md). The
+  URL carries plotly.js's version, the trace list and a hash of the file, so a browser keeps it for a year; a gzip
+  copy is made once, in the background, for a browser on the far side of an SSH tunnel (1.06 MB -> 356 KB).
 - A `<link rel="preload">` in the page's head starts the download at once, with those of the lazily loaded
   chunks the first figures need (dcc's graph and range slider).
 - Dash's `layout_pre` renderer hook (called as the layout request goes out) inserts the script and sets
@@ -31,9 +31,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-HINT = b"//# allFunctionsCalledOnLoad\n"
-# Whether the served plotly.js gets the hint (an A/B on the partial bundle decides: benchmarks/results/web.md).
-USE_HINT = True
+HINT = b"//# allFunctionsCalledOnLoad\n"  # in front of every plotly.js served (see the module's docstring)
 # dcc's lazily loaded chunks (webpack names them, unversioned) that the first graph and slider mount.
 CHUNKS = ("_dash-component-suites/dash/dcc/async-graph.js", "_dash-component-suites/dash/dcc/async-slider.js")
 # The trace types ui/web/figures.py draws: the partial bundle registers these and no other
@@ -61,19 +59,18 @@ def _full_bundle() -> str:
 
 @dataclass(frozen=True)
 class Bundle:
-    """The plotly.js file served, at which URL, and whether the compile hint goes in front."""
+    """The plotly.js file served, and at which URL."""
 
     path: str
     url: str
     partial: bool
-    hint: bool = USE_HINT
     data: bytes | None = field(default=None, repr=False, compare=False)  # the file, when already read
 
 
-def full_bundle(version: str | None = None, hint: bool = USE_HINT) -> Bundle:
+def full_bundle(version: str | None = None) -> Bundle:
     """The installed plotly package's full plotly.js."""
     version = version or plotly_version()
-    return Bundle(_full_bundle(), f"/_specscope/plotly-{version}.min.js", False, hint)
+    return Bundle(_full_bundle(), f"/_specscope/plotly-{version}.min.js", False)
 
 
 def bundle_version(path: str) -> str | None:
@@ -90,7 +87,7 @@ def _header_version(head: bytes) -> str | None:
     return m.group(1).decode() if m else None
 
 
-def choose_bundle(version: str | None = None, static: str = STATIC, hint: bool = USE_HINT) -> Bundle:
+def choose_bundle(version: str | None = None, static: str = STATIC) -> Bundle:
     """The partial bundle of the installed plotly.js version, or the full bundle (with one line on stderr) when
     the partial one is missing or was built from another version."""
     version = version or plotly_version()
@@ -106,7 +103,7 @@ def choose_bundle(version: str | None = None, static: str = STATIC, hint: bool =
         # The content's hash in the URL: a rebuilt bundle of the same version and traces is a new URL, so a browser
         # never keeps an older build for the year it may cache the script.
         digest = hashlib.sha256(data).hexdigest()[:12]
-        return Bundle(path, f"/_specscope/{name.removesuffix('.min.js')}-{digest}.min.js", True, hint, data)
+        return Bundle(path, f"/_specscope/{name.removesuffix('.min.js')}-{digest}.min.js", True, data)
     if found is not None:
         why = f"{name} says it is plotly.js {found}"
     else:
@@ -117,7 +114,7 @@ def choose_bundle(version: str | None = None, static: str = STATIC, hint: bool =
         why = f"no {name}" + (f" (there is {', '.join(others)})" if others else "")
     print(f"specscope web: the installed plotly ships plotly.js {version} and {why}: serving the full plotly.js "
           "bundle (rebuild the partial one with scripts/build_plotly_partial.py)", file=sys.stderr)
-    return full_bundle(version, hint)
+    return full_bundle(version)
 
 
 def plotly_url() -> str:
@@ -135,14 +132,14 @@ class PlotlyScript:
         self._gzip: bytes | None = None
 
     def plain(self) -> bytes:
-        """The script as served (hinted or not)."""
+        """The script as served: the compile hint, then the bundle."""
         with self._lock:
             if self._plain is None:
                 data = self.bundle.data
                 if data is None:
                     with open(self.bundle.path, "rb") as f:
                         data = f.read()
-                self._plain = HINT + data if self.bundle.hint else data
+                self._plain = HINT + data
             return self._plain
 
     def gzipped(self) -> bytes | None:
