@@ -59,6 +59,7 @@ import numpy as np
 import torch
 
 from ..tracer import schema as S
+from ..tracer import user_env
 from ..tracer.schema import ArraySnapshot, ForwardMode, GraphPhase, RequestState, RunInfo, Step, StreamSpan
 from ..tracer.store import TraceWriter
 
@@ -176,8 +177,8 @@ class SglangTracer:
             versions["specscope"] = "unknown"
         run = RunInfo(
             command=command or " ".join(sys.argv), config=dict(config or {}, source="sglang"),
-            target_model=os.environ.get("SPECSCOPE_TARGET_MODEL", "sglang"),
-            draft_model=os.environ.get("SPECSCOPE_DRAFT_MODEL"), device=dev, device_capability=cap,
+            target_model=target if (target := user_env.get(user_env.TARGET_MODEL)) is not None else "sglang",
+            draft_model=user_env.get(user_env.DRAFT_MODEL), device=dev, device_capability=cap,
             attention_kernel="sglang trtllm_mha", versions=versions, git_commit=None, start_ns=time.time_ns(),
             hostname=socket.gethostname())
         self.writer = TraceWriter(path, run, overwrite=overwrite)
@@ -567,7 +568,7 @@ def _safely(fn: Callable[[], object]) -> None:
     try:
         fn()
     except Exception as e:  # noqa: BLE001 - the server must not die of its debugger
-        if os.environ.get("SPECSCOPE_DEBUG"):
+        if user_env.debug():
             raise
         msg = f"{type(e).__name__}: {e}"
         if msg not in _WARNED:

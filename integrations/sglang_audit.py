@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TypedDict
 
+from ..tracer import user_env
 from .sglang_audit_eval import (
     Child,
     Const,
@@ -44,7 +45,7 @@ from .sglang_audit_index import ClassRef, FuncRef, Index, top_level
 from .sglang_audit_source import AuditInputError, SourceTree, open_source
 
 METHOD = "update_verify_buffers_to_fill_after_draft"
-PLAN_ENV = "SGLANG_ENABLE_OVERLAP_PLAN_STREAM"
+PLAN_ENV = user_env.SGLANG_PLAN_STREAM
 BASE = "AttentionBackend"
 # SGLang builds this wrapper when the prefill and decode backends differ; its constructor takes both by name.
 HYBRID = "HybridAttnBackend"
@@ -1186,9 +1187,8 @@ COMMON = (("--attention-backend", "trtllm_mha"),
 def plan_stream_warning(environ: dict[str, str] | None = None, path: str | None = None) -> list[str]:
     """At most two lines for `sglang-hook install`: the common configurations that raise at the first verify with
     the plan stream on, on the installed sglang (or `path`); empty when none does."""
-    env = os.environ if environ is None else environ
     audit = load(path)
-    value = env.get(PLAN_ENV)
+    value = user_env.get(PLAN_ENV, environ)
     on = audit.plan_stream_on(value) if value is not None else False
     bad: list[str] = []
     fixes: list[str] = []

@@ -17,10 +17,12 @@ import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from ..tracer import user_env
+
 PKG = "sglang"
 # Where `--version X` looks for `sglang-X-*.whl` (after $SPECSCOPE_SGLANG_WHEELS): the folder
 # .ci/sglang-wheels.sh fills, in the working directory and at the root of a source checkout.
-WHEELS_ENV = "SPECSCOPE_SGLANG_WHEELS"
+WHEELS_ENV = user_env.SGLANG_WHEELS
 WHEELS_DIR = ".sglang-wheels"
 
 
@@ -217,7 +219,7 @@ def open_path(path: str) -> SourceTree:
 
 def wheel_dirs() -> list[Path]:
     """Where `--version` looks for release wheels, in order."""
-    dirs = [Path(d) for d in os.environ.get(WHEELS_ENV, "").split(os.pathsep) if d]
+    dirs = [Path(d) for d in user_env.path_list(WHEELS_ENV)]
     dirs.append(Path.cwd() / WHEELS_DIR)
     # A source checkout: integrations/ sits at the repository root, next to the wheel cache.
     dirs.append(Path(__file__).resolve().parent.parent / WHEELS_DIR)

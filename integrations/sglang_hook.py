@@ -1,12 +1,12 @@
 """Switch specscope's SGLang recording on without editing SGLang: a `.pth` startup hook plus an env variable.
 
-`specscope sglang-hook install` writes `specscope-sglang-hook.pth` into site-packages. Python runs its one line
-at every start-up; it imports this module (standard library only) and calls `boot()`, which returns at once
-unless `SPECSCOPE_TRACE` is set. When it is set, `boot()` puts an import finder in front of `sys.meta_path`
-that reacts to exactly one module name, `sglang.srt.layers.attention.trtllm_mha_backend`: when SGLang imports
-it, the module is executed normally and its `TRTLLMHAAttnBackend` / `TRTLLMHAAttnMultiStepDraftBackend` are
-then patched (`specscope.integrations.sglang.instrument`). Nothing else is imported or patched, so a process
-that never imports that module pays one dictionary lookup per import.
+`specscope sglang-hook install` writes `specscope-sglang-hook.pth` into site-packages. Python runs its one line at
+every start-up; it imports this module (standard library and tracer/user_env.py only) and calls `boot()`, which
+returns at once unless `SPECSCOPE_TRACE` is set. When it is set, `boot()` puts an import finder in front of
+`sys.meta_path` that reacts to exactly one module name, `sglang.srt.layers.attention.trtllm_mha_backend`: when
+SGLang imports it, the module is executed normally and its `TRTLLMHAAttnBackend` /
+`TRTLLMHAAttnMultiStepDraftBackend` are then patched (`specscope.integrations.sglang.instrument`). Nothing else is
+imported or patched, so a process that never imports that module pays one dictionary lookup per import.
 
 The trace is opened lazily, by the first prepared forward, in the process that runs it (SGLang's scheduler /
 TP worker processes). `SPECSCOPE_TRACE` may contain `{pid}` (and `{rank}`, from `TP_RANK` / `RANK` / `LOCAL_RANK`
@@ -22,8 +22,10 @@ import os
 import sys
 from typing import Any
 
+from ..tracer import user_env  # os and collections.abc only: cheap enough for every interpreter start-up
+
 TARGET = "sglang.srt.layers.attention.trtllm_mha_backend"
-ENV = "SPECSCOPE_TRACE"
+ENV = user_env.TRACE
 PTH_NAME = "specscope-sglang-hook.pth"
 PTH_LINE = "import specscope.integrations.sglang_hook as _specscope_sglang_hook; _specscope_sglang_hook.boot()\n"
 
@@ -63,15 +65,17 @@ class SglangFinder(importlib.abc.MetaPathFinder):
 
 def trace_path(template: str, pid: int | None = None) -> str:
     """The trace file for this process: `{pid}` / `{rank}` substituted."""
-    rank = next((os.environ[k] for k in ("TP_RANK", "RANK", "LOCAL_RANK") if k in os.environ), "0")
+    rank = user_env.rank()
     return template.replace("{pid}", str(pid if pid is not None else os.getpid())).replace("{rank}", rank)
 
 
 def _open_tracer() -> Any:
     from . import sglang as ss  # torch and numpy: only once SGLang itself is running
 
-    template = os.environ[ENV]
-    overwrite = os.environ.get("SPECSCOPE_TRACE_OVERWRITE") == "1"
+    template = user_env.get(ENV)
+    if template is None:  # boot() instruments SGLang only with it set
+        raise KeyError(ENV)
+    overwrite = user_env.get(user_env.TRACE_OVERWRITE) == "1"
     path = trace_path(template)
     from ..tracer.errors import TraceError
 
@@ -99,7 +103,7 @@ def on_loaded(module: Any) -> None:
 
 def boot() -> None:
     """Called by the .pth line at interpreter start-up; a no-op unless SPECSCOPE_TRACE is set."""
-    if not os.environ.get(ENV):
+    if not user_env.get(ENV):
         return
     if any(isinstance(f, SglangFinder) for f in sys.meta_path):
         return

@@ -1,9 +1,10 @@
 """The `specscope` command: argparse front end that dispatches to `ui/cmd_<name>.py` modules.
 
 A subcommand is a module `specscope.ui.cmd_<name>` exposing `add_parser(subparsers) -> None` and
-`run(args) -> int`. Its top level imports only the standard library; heavy dependencies (torch,
-textual, dash) are imported inside `run`, so `specscope info` never loads torch and `specscope run`
-on a bare GPU host never loads textual. Add a subcommand by appending its name to SUBCOMMANDS.
+`run(args) -> int`. Its top level imports only the standard library (and specscope.tracer.user_env, the
+documented variables, itself standard library only); heavy dependencies (torch, textual, dash) are imported
+inside `run`, so `specscope info` never loads torch and `specscope run` on a bare GPU host never loads textual.
+Add a subcommand by appending its name to SUBCOMMANDS.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
+
+from specscope.tracer import user_env
 
 # The order `specscope --help` lists them in. Planned: "run", "demo", "check", "tui", "web", "export".
 SUBCOMMANDS: list[str] = ["demo", "run", "check", "info", "export", "replay", "diff", "sglang_hook", "web", "tui",
@@ -82,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return EXIT_OK
     except Exception as e:
-        if os.environ.get("SPECSCOPE_DEBUG"):
+        if user_env.debug():
             raise
         _error(f"{type(e).__name__}: {e} (set SPECSCOPE_DEBUG=1 for a traceback)")
         if _is_sticky_cuda_error(e):

@@ -13,10 +13,11 @@ Server arguments may be given as flags here or as a whole launch command after `
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-PLAN_ENV = "SGLANG_ENABLE_OVERLAP_PLAN_STREAM"
+from specscope.tracer import user_env
+
+PLAN_ENV = user_env.SGLANG_PLAN_STREAM
 EXIT_UNREADABLE = 2
 
 
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         if args.plan_stream is not None:
             cfg.plan_stream = "1" if args.plan_stream else "0"
         elif cfg.plan_stream is None:
-            cfg.plan_stream = os.environ.get(PLAN_ENV)
+            cfg.plan_stream = user_env.get(PLAN_ENV)
         audit = sa.load(args.sglang, args.sglang_version)
         asked = any(getattr(cfg, k) is not None for k in sa.SERVER_ARGS)
         verdict = sa.judge(audit, cfg) if asked else None

@@ -10,10 +10,11 @@ common configuration would raise at its first verify with the overlap plan strea
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import sysconfig
 from pathlib import Path
+
+from specscope.tracer import user_env
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     installed = pth.is_file() and pth.read_text(encoding="utf-8", errors="replace") == PTH_LINE
     print(f"hook: {'installed' if installed else 'not installed'} ({pth})")
-    trace = os.environ.get(ENV)
+    trace = user_env.get(ENV)
     print(f"{ENV}: {trace if trace else 'unset (the hook does nothing)'}")
     try:
         from importlib.metadata import version
