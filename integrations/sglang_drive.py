@@ -89,8 +89,8 @@ def drive(up: UpstreamSglang, trace: str | os.PathLike[str] | None, *, K: int = 
                 kvr, _ = reqs.pop(slot)
                 kvr.release(alloc)
                 r2t.free(slot)
-            new: list[tuple[int, int]] = []  # (req slot, S) of the requests admitted now
-            while len(reqs) + len(new) < bs:
+            new: list[tuple[int, int]] = []  # (req slot, S) of the requests admitted now (already in reqs)
+            while len(reqs) < bs:
                 slot = r2t.alloc()
                 kvr = RequestKV(slot)
                 s = rng.randint(8, context_len // 2)

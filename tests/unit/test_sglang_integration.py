@@ -112,6 +112,17 @@ def test_trace_holds_what_the_kernels_consume(tmp_path: Path) -> None:
             assert s.array("cache_seqlens").data_ptr == c.array("cache_seqlens").data_ptr != 0
 
 
+def test_each_iteration_runs_its_batch_size(tmp_path: Path) -> None:
+    """A batch short of its size admits every missing request in that iteration's prefill, so each iteration's
+    verify runs exactly its batch size (capped by the largest graph)."""
+    drive(load_upstream(), tmp_path / "t.db", K=4, T=2, iterations=5, batch_sizes=(4, 2, 3, 8, 1))
+    steps, _ = _read(tmp_path / "t.db")
+    eager = [s.batch_size for s in steps if s.graph == GraphPhase.EAGER]
+    verify = [s.batch_size for s in steps if s.mode == ForwardMode.TARGET_VERIFY and s.graph == GraphPhase.REPLAY]
+    assert verify == [4, 2, 3, 4, 1]
+    assert eager == [4, 1, 1]  # 0 -> 4, 2 -> 3, 3 -> 4 requests: the prefill admits the missing ones
+
+
 def test_seed_bug_caught_in_0_5_12(tmp_path: Path) -> None:
     """0.5.12's target-verify graph uses the backend's cached K for a runner built for T != K (the line PR #27495
     removed): the catalogue flags I6 at the first replay (already at capture), with I3 / I5 / I12 / I13 after."""
