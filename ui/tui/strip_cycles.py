@@ -7,8 +7,8 @@ cyclic collector frees. Stepping the 100k-step benchmark trace left ~250 such ob
 keys; 15 with this), and they were what triggered the young collections (5-10 ms of CPU each, one every ~25
 keys) and most of the survivors the older ones walked. Without the cache entry the answer is the same
 (a one-strip list), the strip is freed by reference counting when the screen drops it, and the collector has
-little left to do on the key path. Applied once, at import of the app; a Textual that no longer caches `[self]`
-is left alone.
+little left to do on the key path. `SpecscopeApp` applies it when it is made (idempotent); a Textual that does not
+cache `[self]` is left alone.
 """
 
 from __future__ import annotations
