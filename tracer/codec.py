@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 else:
     try:
         # zlib-ng writes and reads the same zlib streams ~3x faster than the system zlib (blobs of changed page
-        # tables were the writer's largest cost after the step bodies); without it the stdlib module does the same.
+        # tables are the writer's largest cost after the step bodies); without it the stdlib module does the same.
         from zlib_ng import zlib_ng as _z
     except ImportError:  # pragma: no cover - zlib-ng is a dependency; a bare environment still works
         _z = zlib

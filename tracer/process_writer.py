@@ -1,7 +1,7 @@
 """A trace writer in a child process, so encoding and SQLite never compete with the engine for the GIL.
 
-Measured here: a `TraceWriter` thread in the engine's process made a launch-bound Python loop 15x slower
-(bs-64 steps, 5 per iteration), because its encoding holds the GIL in the loop's way. The engine's side
+A `TraceWriter` thread in the engine's process would slow a launch-bound Python loop many times over (bs-64
+steps, 5 per iteration: 15x), because its encoding holds the GIL in the loop's way. The engine's side
 of this writer only pickles compact raw steps (numpy columns, no per-request objects) and writes them to a
 pipe; the child encodes them straight from those columns with a synchronous `TraceWriter` (no thread: one
 asynchronous boundary, the pipe) and commits whenever its input is momentarily empty.
@@ -170,8 +170,8 @@ def raw_from_step(step: Step) -> dict[str, Any]:
 # the header, spans, waits, errors, faults, violations and, per buffer, where it lies and what it is. The child
 # turns the request columns straight into the [fields, n] table the body stores and the arrays into zero-copy
 # numpy views, so no per-request Python object is ever made there (unpickling lists of ints and numpy arrays
-# was the child's largest single cost). Anything the frame cannot carry as it is (a non-numeric array, an int
-# beyond int64, a ragged column) goes as a pickle, as before, and meets the same checks in the child.
+# would be the child's largest single cost). Anything the frame cannot carry as it is (a non-numeric array, an int
+# beyond int64, a ragged column) goes as a pickle and meets the same checks in the child.
 
 FAST_STEP = b"S"
 _HEAD_LEN = struct.Struct("<I")
@@ -336,7 +336,7 @@ def _unwire_steps(raws: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # A `steps` batch goes as `B` + msgpack of the steps in the recorder's compact form, each array as the list
 # [dtype str, shape, bytes] (`_batch_hook`; the child's `_unwire_steps` makes arrays of them again): about half a
-# pickle's cost to the engine (the pickle's per-object work was most of encoding a batch). A batch msgpack cannot
+# pickle's cost to the engine (a pickle's per-object work is most of encoding a batch). A batch msgpack cannot
 # carry (an int beyond 64 bits, a non-numeric array) goes as a pickle and meets the same checks in the child.
 FAST_STEPS = b"B"
 
@@ -477,8 +477,6 @@ def _child_main() -> int:
     say("ready")
     err = None
     ended = False  # the engine sent its end record
-    # A diagnostic: steps arrive as usual and are dropped unstored (what the child's storing costs a GPU run).
-    discard = os.environ.get("SPECSCOPE_TRACE_DISCARD") == "1"
     while True:
         try:
             if not inp.ready():
@@ -513,7 +511,7 @@ def _child_main() -> int:
                     err = str(e)
             say(f"error {err}" if err else "flushed")
             continue
-        if err is not None or discard and kind in ("frame", "step", "steps"):
+        if err is not None:
             continue  # keep draining, so the engine's writes never block on a full pipe
         try:
             if kind == "frame":
@@ -720,7 +718,6 @@ class ProcessTraceWriter:
         self._queue: collections.deque[tuple[bytes | memoryview, ...]] = collections.deque()
         self._queued = 0  # bytes queued or being written
         self._busy = False  # the sender thread is writing a message it took off the queue
-        self._direct = True
         self.backlogged = 0  # messages (or their rest) that did not fit the pipe and went through the sender thread
         self._fd = -1  # the pipe's descriptor, non-blocking once messages may go through the sender thread
         self._rest: list[bytes | memoryview] = []  # what is left of a message an exception cut short (see _write)
@@ -808,7 +805,7 @@ class ProcessTraceWriter:
         kind, _, msg = line.partition(" ")
         return kind, msg
 
-    def send_in_background(self, limit_bytes: int = 256 << 20, direct: bool = True) -> None:
+    def send_in_background(self, limit_bytes: int = 256 << 20) -> None:
         """From now on the caller (the engine's loop) never waits for the writer process while less than
         `limit_bytes` are queued: a message goes straight into the pipe when the pipe has room for it (one
         non-blocking write on the caller's thread), and what does not fit is queued for a thread that writes it
@@ -816,12 +813,10 @@ class ProcessTraceWriter:
         the forwards it records. What is queued reaches the file at flush and close; a SIGKILL of this process
         loses at most what is queued.
 
-        Why not hand every message to the thread: waking it and taking the GIL back from it cost the engine more
-        than the write itself (an uncontended pipe write of a batch is a few µs). `direct=False` hands every
-        message to the thread (what sessions 4-9 did; kept to measure the difference)."""
+        Why the thread takes only what does not fit: waking it and taking the GIL back from it cost the engine
+        more than the write itself (an uncontended pipe write of a batch is a few µs)."""
         if self._sender is None:
             self._limit = limit_bytes
-            self._direct = direct
             self._fd = _pipe(self._proc.stdin).fileno()
             self._finish_rest()  # nothing of an earlier message may be left unwritten now
             os.set_blocking(self._fd, False)
@@ -892,7 +887,7 @@ class ProcessTraceWriter:
         """`_send_data` once the sender thread runs: into the pipe directly, or queued for the thread."""
         head = _LEN.pack(len(data))
         with self._cv:
-            if self._direct and not self._queue and not self._busy:
+            if not self._queue and not self._busy:
                 # Nothing ahead of this message: straight into the pipe if it has room (no thread involved).
                 try:
                     n = os.writev(self._fd, (head, data))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import time
 from collections import deque
@@ -44,8 +43,8 @@ RING_BYTES = 64 << 20  # device (and pinned host) memory of the snapshot ring
 DRAIN_EVERY = 8  # replays per snapshot-ring drain: few enough that a drain never frees a burst of steps at once
 RESOLVE_PER_POLL = 32  # steps resolved per hot-path poll (an iteration makes 3-7)
 # Steps ended between two resolving polls: resolving, encoding and sending a batch in one pass runs on caches the
-# previous step of the pass warmed (a record made in a tight loop costs ~4 µs; spread over iterations, between the
-# engine's own work, 5-6x that); SPECSCOPE_RESOLVE_BATCH=1 resolves at every poll, as before.
+# previous step of the pass warmed, where one record per iteration, between the engine's own work, runs on caches
+# that work left cold and costs several times as much.
 RESOLVE_BATCH = 16
 QUIET_NS = 20_000_000  # a step pending this long is resolved at the next poll, due or not (a quiet or slow run)
 DRAIN_STAMPS = 16  # undrained stamps of a stream before a poll drains them for the step waiting on them
@@ -264,15 +263,10 @@ class Recorder:
         # One shared tuple per distinct layout: a batch pickles a graph's layout once, not once per replay.
         self._layouts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._np_names: dict[Any, str] = {}
-        self._sent_ns = time.perf_counter_ns()
         self._ended = self._ended_at_pass = 0  # steps ended, and their number at the last resolving poll
-        self._resolve_batch = max(1, int(os.environ.get("SPECSCOPE_RESOLVE_BATCH", RESOLVE_BATCH)))
-        sender = os.environ.get("SPECSCOPE_TRACE_SENDER", "")
-        if self.is_cuda and hasattr(writer, "send_in_background") and sender != "0":
+        if self.is_cuda and hasattr(writer, "send_in_background"):
             # Tiny models make steps faster than the writer child stores them: the engine must not wait on the pipe.
-            # (SPECSCOPE_TRACE_SENDER=0 writes it on the engine's thread, blocking when it is full; =thread hands every
-            # message to the sender thread, as before the direct writes: both to measure what they cost.)
-            writer.send_in_background(direct=sender != "thread")
+            writer.send_in_background()
         # One stamp ring per stream; the compute stream's is the one captured graphs stamp (`compute_stamps`).
         self._stamps: dict[Any, StampRing] = {}
         self._np_views: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # see snapshot_host
@@ -513,15 +507,13 @@ class Recorder:
         self._settle()
         if self._later:
             self.run_later()  # every poll: what the records read is rewritten when the next iteration prepares
-        batch = self._resolve_batch
         quiet = bool(self._pending) and time.perf_counter_ns() - self._pending[0].end_ns > QUIET_NS
-        if batch > 1 and not (force_send or quiet or self._ended - self._ended_at_pass >= batch):
+        if not (force_send or quiet or self._ended - self._ended_at_pass >= RESOLVE_BATCH):
             return
         self._ended_at_pass = self._ended
-        if quiet or batch > 1:
-            self._drain_all()  # what is pending lands for this pass or the next (a quiet run's last steps too)
+        self._drain_all()  # what is pending lands for this pass or the next (a quiet run's last steps too)
         self._write_ready(limit)
-        self._send(force_send or batch > 1)
+        self._send()
 
     def _drain_all(self) -> None:
         """Enqueue the copies of every ring's undrained values."""
@@ -547,18 +539,15 @@ class Recorder:
             self._outbox.append(self._resolve(rec))
         return True
 
-    def _send(self, force: bool) -> None:
+    def _send(self) -> None:
+        """Hand the pass's resolved steps to the writer as one message."""
         if not self._outbox:
             return
-        batch = self.ring.drain_every if self.ring is not None else 1
-        now = time.perf_counter_ns()
-        if force or len(self._outbox) >= batch or now - self._sent_ns > QUIET_NS:
-            out, self._outbox = self._outbox, []
-            self._sent_ns = now
-            if len(out) == 1:
-                self.writer.write_raw_step(out[0])
-            else:
-                self.writer.write_raw_steps(out)
+        out, self._outbox = self._outbox, []
+        if len(out) == 1:
+            self.writer.write_raw_step(out[0])
+        else:
+            self.writer.write_raw_steps(out)
 
     def flush_pending(self) -> None:
         """Drain the ring, wait for the device and write every finished step now (a pause of the live viewer)."""

@@ -11,7 +11,6 @@ Triton) still runs, and which `tests/gpu/test_ring_pack_gpu.py` compares it with
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -72,8 +71,8 @@ def _build() -> Any:
 
 
 def fused_wanted(device: torch.device) -> bool:
-    """Whether replays pack with the one kernel: on a GPU with Triton, unless SPECSCOPE_FUSED_PACK=0."""
-    if device.type != "cuda" or os.environ.get("SPECSCOPE_FUSED_PACK", "1") == "0":
+    """Whether replays pack with the one kernel: on a GPU with Triton."""
+    if device.type != "cuda":
         return False
     try:
         import triton  # noqa: F401

@@ -231,7 +231,7 @@ class Violation:
 class Step:
     """One forward of one model (target or draft) over one batch, with everything it consumed."""
 
-    index: int  # 0-based, dense, in recording order
+    index: int  # 0-based, in recording order; sparse in a bundle (the original trace's indexes)
     iteration: int  # scheduler iteration this step belongs to
     mode: ForwardMode
     model: str  # "target" or "draft"

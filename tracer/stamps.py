@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -69,9 +68,6 @@ class _Driver:
         launch = py.cuLaunchKernel
         launch.restype = ctypes.c_int
         self.launch = launch
-        # SPECSCOPE_STAMP_GIL=release launches through the CDLL (what sessions 6-9 did), to measure the GIL's part.
-        self.launch_releasing = lib.cuLaunchKernel
-        self.launch_releasing.restype = ctypes.c_int
         module, fn = ctypes.c_void_p(), ctypes.c_void_p()
         self._check(lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(_PTX)), "cuModuleLoadData")
         self._check(lib.cuModuleGetFunction(ctypes.byref(fn), module, b"specscope_stamp"), "cuModuleGetFunction")
@@ -110,7 +106,7 @@ _DRIVER: _Driver | None = None
 
 def _driver() -> _Driver:
     """The driver calls, with the stamp kernel loaded into the current device's context (one device per process:
-    the session makes the engine's device current)."""
+    the engine's device is made current before its recorder starts)."""
     global _DRIVER
     if _DRIVER is None:
         try:
@@ -123,8 +119,9 @@ def _driver() -> _Driver:
 class DrainedRing:
     """Device rows (`dev`, first dimension `size`) numbered in launch order and copied to their `host` twin in
     batches: which numbers an enqueued copy covers (`drained`) and which have landed (`completed`). The snapshot
-    ring and the stamp rings share it. On a GPU a drain is two driver calls per range plus one event record on the
-    ring's stream (`stream_handle`); events are reused once they have completed."""
+    ring and the stamp rings share it. On a GPU a drain is one driver copy per contiguous range (two where the ring
+    wraps) plus one event record on the ring's stream (`stream_handle`); events are reused once they have
+    completed."""
 
     _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
@@ -134,28 +131,17 @@ class DrainedRing:
         self.count = 0  # numbers handed out (claimed)
         self.drained = 0  # numbers covered by an enqueued copy
         self._done = 0  # numbers whose rows are in `host`
-        self._drains: deque[tuple[int, Any]] = deque()  # (numbers covered, driver event, 0 on the CPU)
+        self._drains: deque[tuple[int, int]] = deque()  # (numbers covered, driver event handle, 0 on the CPU)
         self._free_events: list[int] = []
         self.stream_handle = 0  # the raw CUDA stream the rows are written and drained on (set by the subclass)
-        # SPECSCOPE_TORCH_DRAINS=1: drain with torch's copy and Event on the ring's stream (what sessions 4-9 did), to
-        # measure what the driver calls save.
-        self._torch_drains = is_cuda and os.environ.get("SPECSCOPE_TORCH_DRAINS") == "1"
         self.dev: torch.Tensor
         self.host: torch.Tensor
 
     def _copy_new(self) -> None:
         """Enqueue the copy of the rows numbered [drained, count) on the ring's stream and the event that says it
         landed."""
-        ev: Any = 0
-        if self._torch_drains:
-            stream = torch.cuda.ExternalStream(self.stream_handle) if self.stream_handle else \
-                torch.cuda.default_stream(self.dev.device)
-            with torch.cuda.stream(stream):
-                for lo, hi in row_ranges(self.drained, self.count, self.size):
-                    self.host[lo:hi].copy_(self.dev[lo:hi], non_blocking=True)
-                ev = torch.cuda.Event()
-                ev.record(stream)
-        elif self.is_cuda:
+        ev = 0
+        if self.is_cuda:
             drv = _driver()
             row = self.dev.stride(0) * self.dev.element_size()
             dst, src, h = self.host.data_ptr(), self.dev.data_ptr(), self.stream_handle
@@ -174,10 +160,7 @@ class DrainedRing:
         drains = self._drains
         while drains:
             end, ev = drains[0]
-            if type(ev) is not int:  # a torch Event (SPECSCOPE_TORCH_DRAINS=1)
-                if not ev.query():
-                    break
-            elif ev:
+            if ev:
                 drv = _DRIVER
                 assert drv is not None, "driver events are made only once the driver is loaded"
                 rc = drv.event_query(ev)
@@ -194,9 +177,7 @@ class DrainedRing:
         """Block until the enqueued copy covering `seq` has landed."""
         for end, ev in self._drains:
             if end > seq:
-                if type(ev) is not int:
-                    ev.synchronize()
-                elif ev:
+                if ev:
                     drv = _DRIVER
                     assert drv is not None, "driver events are made only once the driver is loaded"
                     drv._check(drv.event_sync(ev), "cuEventSynchronize")
@@ -230,10 +211,9 @@ class StampRing(DrainedRing):
             self._params = (ctypes.c_void_p * 3)(*(ctypes.addressof(a) for a in self._args))
             one, zero = ctypes.c_uint(1), ctypes.c_uint(0)
             head = (drv.fn, one, one, one, one, one, one, zero)
-            launch = drv.launch_releasing if os.environ.get("SPECSCOPE_STAMP_GIL") == "release" else drv.launch
-            self._launch = functools.partial(launch, *head)  # (stream, params, extra)
+            self._launch = functools.partial(drv.launch, *head)  # (stream, params, extra)
             own = ctypes.c_void_p(self.stream_handle)
-            self._launch_own = functools.partial(launch, *head, own, self._params, None)  # on this ring's stream
+            self._launch_own = functools.partial(drv.launch, *head, own, self._params, None)  # on this ring's stream
             self._check = drv._check
 
     def launch(self, stream_handle: int | None = None) -> None:

@@ -7,13 +7,13 @@ Two ways to run it, one encoder:
   disk blocks `write_step` (backpressure) instead of dropping steps or growing memory.
 - `threaded=False` (the writer child process, `process_writer.py`): `write_step` encodes on the caller's
   thread and the caller decides when to commit (`commit()`); the child commits whenever its input pipe
-  is momentarily empty. A thread inside that child was one asynchronous boundary too many: every step
-  paid two thread hand-offs and the GIL ping-pong between reader and worker.
+  is momentarily empty. The child has no thread of its own: it would be one asynchronous boundary too many,
+  every step paying two thread hand-offs and the GIL ping-pong between reader and worker.
 
 Steps that are waiting at the same moment share one transaction (group commit): a commit writes every
 dirty page to the WAL, and the `step_requests` rows of one step touch one B-tree leaf per live request,
-so committing 64 backlogged steps at once costs little more than committing one. A step is still never
-half-written, and a crash loses only steps that had not been committed, as before.
+so committing 64 backlogged steps at once costs little more than committing one. A step is never
+half-written, and a crash loses only the steps not committed yet.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The recorder resolves and sends steps in passes: every RESOLVE_BATCH ended steps, when the oldest pending step is
-20 ms old, or at a flush; never loses or reorders a step; SPECSCOPE_RESOLVE_BATCH=1 resolves at every poll."""
+20 ms old, or at a flush; never loses or reorders a step."""
 
 from __future__ import annotations
 
@@ -49,17 +49,6 @@ def test_steps_wait_for_a_pass_of_the_batch_size(tmp_path, monkeypatch: pytest.M
     rec.close()
     with TraceReader(path) as r:
         assert [s.index for s in r.steps()] == list(range(RESOLVE_BATCH + 2))
-
-
-def test_batch_size_one_resolves_at_every_poll(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SPECSCOPE_RESOLVE_BATCH", "1")
-    path = str(tmp_path / "every.db")
-    rec = Recorder(ProcessTraceWriter(path, make_run()), torch.device("cpu"))
-    for i in range(3):
-        _step(rec, i)
-        rec.poll()
-        assert _written(rec, path) == i + 1
-    rec.close()
 
 
 def test_a_full_pinned_ring_writes_a_step_ended_since_the_last_poll(tmp_path) -> None:

@@ -57,24 +57,6 @@ def test_process_writer_round_trip(tmp_path: os.PathLike[str]) -> None:
         assert r.checked_through() is None  # recorded without the checker
 
 
-def test_discard_diagnostic_drops_steps_and_keeps_the_rest(tmp_path: os.PathLike[str],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    # SPECSCOPE_TRACE_DISCARD=1 (the child inherits it): steps arrive and are dropped; requests, flush and close
-    # work as ever, so a GPU run measures what storing costs without anything else changing.
-    monkeypatch.setenv("SPECSCOPE_TRACE_DISCARD", "1")
-    path = os.path.join(tmp_path, "d.db")
-    w = ProcessTraceWriter(path, make_run())
-    for i in range(5):
-        w.write_step(_v2_step(i))
-    w.write_raw_steps([raw_from_step(_v2_step(i)) for i in range(5, 9)])
-    w.flush()
-    w.write_request(make_request(1))
-    w.close()
-    with TraceReader(path) as r:
-        assert r.is_closed() and r.num_steps() == 0
-        assert r.requests() == [make_request(1)]
-
-
 def test_batched_raw_steps_keep_every_array(tmp_path: os.PathLike[str]) -> None:
     """`write_raw_steps` sends a msgpack batch, arrays as bytes: the child stores the same steps, with every dtype and
     shape, as one step at a time does; a single step in the batch goes the same way."""
