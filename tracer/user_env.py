@@ -23,9 +23,11 @@ SGLANG_WHEELS = "SPECSCOPE_SGLANG_WHEELS"  # `sglang-audit --version X`: folders
 SGLANG_PLAN_STREAM = "SGLANG_ENABLE_OVERLAP_PLAN_STREAM"
 # The rank a launcher (SGLang's TP workers, torchrun) gives a process, in the order the hook asks.
 RANK_VARS = ("TP_RANK", "RANK", "LOCAL_RANK")
+# Set by Nsight Systems / Nsight Compute in the processes they profile: NVTX ranges then reach a tool.
+PROFILER_VARS = ("NVTX_INJECTION64_PATH", "CUDA_INJECTION64_PATH")
 
 DOCUMENTED = (DEBUG, TRACE, TRACE_OVERWRITE, TARGET_MODEL, DRAFT_MODEL, SAMPLES, NVTX, SGLANG_WHEELS,
-              SGLANG_PLAN_STREAM, *RANK_VARS)
+              SGLANG_PLAN_STREAM, *RANK_VARS, *PROFILER_VARS)
 
 
 def get(name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -43,6 +45,11 @@ def debug() -> bool:
 def rank(environ: Mapping[str, str] | None = None) -> str:
     """The process's rank as its launcher set it ("0" when none did)."""
     return next((v for k in RANK_VARS if (v := get(k, environ)) is not None), "0")
+
+
+def profiler_attached(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether an NVIDIA profiler injected itself into this process (NVTX ranges would reach it)."""
+    return any(get(k, environ) for k in PROFILER_VARS)
 
 
 def path_list(name: str) -> list[str]:
