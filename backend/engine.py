@@ -16,7 +16,6 @@ synchronization; positions, KV slots, draft tokens, acceptance and the next root
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,11 +113,10 @@ class Engine:
         self.stats = RunStats(accepted_by_position=[0] * self.num_drafts)
         self.iteration = 0
         # flashinfer's paged-prefill wrapper plans on the host from cache_seqlens (it cannot be captured), so with
-        # --prefill-kernel flashinfer draft extend stays eager; SPECSCOPE_DRAFT_EXTEND_GRAPH=0 keeps it eager too.
-        self.draft_extend_graph = (getattr(kernels, "prefill", "") != "flashinfer"
-                                   and os.environ.get("SPECSCOPE_DRAFT_EXTEND_GRAPH", "1") != "0")
+        # --prefill-kernel flashinfer draft extend stays eager; --no-draft-extend-graph keeps it eager too.
+        self.draft_extend_graph = getattr(kernels, "prefill", "") != "flashinfer" and cfg.draft_extend_graph
         if cfg.cuda_graph:
-            if recorder.enabled and os.environ.get("SPECSCOPE_SNAPSHOT_RING", "1") != "0":
+            if recorder.enabled:
                 # Replays write their snapshots into device rows inside the graph (tracer.recorder.SnapshotRing).
                 runners = [self.target] + ([self.draft] if self.draft is not None else [])
                 assert not isinstance(recorder, NullRecorder)  # a NullRecorder is never enabled

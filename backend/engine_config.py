@@ -29,11 +29,24 @@ if TYPE_CHECKING:
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)  # memory.py's (kept here so validation needs no torch)
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 MAX_SEED = 2**63 - 1  # the draft's weights use seed + 1, and torch seeds are at most 64 bits
+# The op sets backend/fused_ops.py runs ("auto": flashinfer's fused kernels where they can run, else plain), and
+# the on/off spellings `--fused-ops` takes for them.
+FUSED_OPS = ("auto", "plain", "fused-torch", "flashinfer")
+FUSED_OPS_ALIASES = {"on": "auto", "1": "auto", "true": "auto", "off": "plain", "0": "plain", "false": "plain"}
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 
 class ConfigError(ValueError):
     """An invalid run configuration; the message is one sentence for the user."""
+
+
+def fused_ops_setting(value: object) -> str:
+    """`value` as one of FUSED_OPS (case-insensitive; an on/off alias maps onto auto/plain); else a ConfigError."""
+    s = value.strip().lower() if isinstance(value, str) else None
+    s = FUSED_OPS_ALIASES.get(s, s) if s is not None else None
+    if s not in FUSED_OPS:
+        raise ConfigError(f"--fused-ops must be one of {', '.join(FUSED_OPS)}, got {value!r}")
+    return s
 
 
 @dataclass
@@ -62,6 +75,9 @@ class EngineConfig:
     ignore_eos: bool = False
     graph_batch_sizes: tuple[int, ...] = ()  # sizes to capture; () = 1, 2, 4, 8, 16, 24, ... up to batch_size
     record_attention: int = 0  # keep layer 0's attention inputs/outputs every N steps (differential check)
+    fused_ops: str = "auto"  # the decoder's op set (FUSED_OPS); auto: flashinfer's kernels on a bf16/fp16 GPU
+    draft_extend_graph: bool = True  # capture draft extend too (eager anyway with --prefill-kernel flashinfer)
+    cpu_threads: int = 1  # torch's intra-op threads on the CPU device (the tiny models lose with more)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -98,6 +114,11 @@ class EngineConfig:
             raise ConfigError(f"--temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"--seed must be between 0 and 2**63 - 1, got {self.seed}")
+        if not isinstance(self.cpu_threads, int) or isinstance(self.cpu_threads, bool) or self.cpu_threads < 1:
+            raise ConfigError(f"--cpu-threads must be at least 1, got {self.cpu_threads!r}")
+        if not isinstance(self.draft_extend_graph, bool):
+            raise ConfigError(f"draft_extend_graph must be true or false, got {self.draft_extend_graph!r}")
+        self.fused_ops = fused_ops_setting(self.fused_ops)
         if self.record_attention < 0:
             raise ConfigError(f"--record-attention must be 0 (off) or a step interval >= 1, got "
                               f"{self.record_attention}")
@@ -117,6 +138,9 @@ class EngineConfig:
             self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
         if self.dtype not in (*DTYPES, "auto"):
             raise ConfigError(f"unsupported --dtype {self.dtype}")
+        if self.fused_ops == "flashinfer" and (self.device == "cpu" or self.dtype in ("float32", "float64")):
+            raise ConfigError(f"--fused-ops flashinfer needs a CUDA device and --dtype bfloat16 or float16, got "
+                              f"{self.device} {self.dtype}")
         need = {
             "max-seq-len-q-override": (self.cuda_graph and self.spec_steps > 0
                                        and self.verify_tokens != self.spec_steps + 1,

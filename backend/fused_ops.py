@@ -2,15 +2,16 @@
 
 Three op sets, named by `OpsName`:
 
-- "plain": the model's original code path (separate q/k/v and gate/up GEMMs, torch norms, RoPE and SiLU). The
-  CPU always runs it, so every CPU result stays bit-identical to what it was before fused ops existed.
+- "plain": the model's own code path (separate q/k/v and gate/up GEMMs, torch norms, RoPE and SiLU). The CPU
+  runs it unless "fused-torch" is asked for, so a CPU result is the plain path's, bit for bit.
 - "fused-torch": the fused structure (one QKV GEMM, one gate/up GEMM, a residual stream carried beside the
   hidden state as SGLang's decoder layers carry it) with torch math. It checks the structure on the CPU.
 - "flashinfer": the same structure with flashinfer's `rmsnorm`, `fused_add_rmsnorm` (in place),
   `apply_rope_with_cos_sin_cache` (NeoX / HF rotate-half layout) and `silu_and_mul`. CUDA, bf16/fp16 only.
 
-`SPECSCOPE_FUSED_OPS` picks: unset / "auto" / "1" -> flashinfer where it can run, else plain; "0" / "off" ->
-plain everywhere (the A/B switch); "fused-torch" or "flashinfer" force a set (flashinfer still needs CUDA).
+The run's `fused_ops` setting (`EngineConfig.fused_ops`, `specscope run --fused-ops`) picks: "auto" -> flashinfer
+where it can run, else plain; "plain" -> plain everywhere; "fused-torch" or "flashinfer" force a set (flashinfer
+still needs CUDA). engine_config.py lists the settings and their on/off aliases (torch-free, for the CLI).
 Every op takes and returns tensors of static shapes and never reads a device value on the host, so the
 forward stays capturable in a CUDA graph.
 """
@@ -18,37 +19,33 @@ forward stays capturable in a CUDA graph.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
+from .engine_config import fused_ops_setting
+
 OpsName = Literal["plain", "fused-torch", "flashinfer"]
-ENV_VAR = "SPECSCOPE_FUSED_OPS"
-_AUTO = ("", "auto", "1", "on", "true")
-_OFF = ("0", "off", "false", "plain")
 _FLASHINFER_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def check_setting(setting: str) -> None:
-    """Raise ValueError unless `setting` is a value `SPECSCOPE_FUSED_OPS` accepts."""
-    if setting.strip().lower() not in (*_AUTO, *_OFF, "fused-torch", "flashinfer"):
-        raise ValueError(f"{ENV_VAR}={setting!r} is not one of auto, 0, fused-torch, flashinfer")
+def check_setting(setting: str) -> str:
+    """`setting` as one of engine_config.FUSED_OPS (aliases resolved); a ValueError (ConfigError) for any other."""
+    return fused_ops_setting(setting)
 
 
-def choose_ops(device_type: str, dtype: torch.dtype, setting: str | None, have_flashinfer: bool) -> OpsName:
-    """The op set for a model on `device_type` in `dtype` under an env setting (pure: no imports, no device)."""
-    check_setting(setting or "")
-    s = (setting or "").strip().lower()
+def choose_ops(device_type: str, dtype: torch.dtype, setting: str, have_flashinfer: bool) -> OpsName:
+    """The op set for a model on `device_type` in `dtype` under a fused-ops setting (pure: no imports, no device)."""
+    s = check_setting(setting)
     flashinfer_ok = device_type == "cuda" and dtype in _FLASHINFER_DTYPES and have_flashinfer
-    if s in _OFF:
+    if s == "plain":
         return "plain"
     if s == "fused-torch":
         return "fused-torch"
     if s == "flashinfer":
         if not flashinfer_ok:
-            raise ValueError(f"{ENV_VAR}=flashinfer needs a CUDA device, a bf16/fp16 model and flashinfer "
+            raise ValueError(f"--fused-ops flashinfer needs a CUDA device, a bf16/fp16 model and flashinfer "
                              f"(got {device_type}, {dtype}, flashinfer {'found' if have_flashinfer else 'missing'})")
         return "flashinfer"
     return "flashinfer" if flashinfer_ok else "plain"
@@ -66,10 +63,8 @@ def flashinfer_available() -> bool:
     return True
 
 
-def ops_for(device: torch.device, dtype: torch.dtype, setting: str | None = None) -> OpsName:
-    """`choose_ops` for a real device, reading `SPECSCOPE_FUSED_OPS` when `setting` is None."""
-    if setting is None:
-        setting = os.environ.get(ENV_VAR)
+def ops_for(device: torch.device, dtype: torch.dtype, setting: str = "auto") -> OpsName:
+    """`choose_ops` for a real device."""
     have = device.type == "cuda" and flashinfer_available()
     return choose_ops(device.type, dtype, setting, have)
 

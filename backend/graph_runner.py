@@ -34,8 +34,7 @@ def capture_ladder(max_bs: int) -> list[int]:
 class _Captured:
     graph: torch.cuda.CUDAGraph | None
     logits: torch.Tensor | None  # static output buffer (GPU); None on the CPU
-    packed: torch.Tensor | None  # static snapshot buffer the graph refills on each replay (GPU, tracing, no ring)
-    ring_len: int = 0  # values each replay writes into its snapshot-ring row (tracing with a ring)
+    ring_len: int = 0  # values each replay writes into its snapshot-ring row (tracing)
 
 
 class GraphRunner:
@@ -45,8 +44,7 @@ class GraphRunner:
         self, *, name: str, mode: ForwardMode,
         forward: Callable[[torch.Tensor, torch.Tensor, ForwardBatch], torch.Tensor],
         backend: TRTLLMHABackend, template: ForwardBatch, max_bs: int, tokens_per_req: int,
-        device: torch.device, pad_seq_len_from_live: bool = False,
-        pack: Callable[[ForwardBatch], torch.Tensor] | None = None, ladder: list[int] | None = None,
+        device: torch.device, pad_seq_len_from_live: bool = False, ladder: list[int] | None = None,
         stamps: Any = None, ring_write: Callable[[ForwardBatch], int] | None = None,
     ) -> None:
         self.name = name
@@ -59,13 +57,12 @@ class GraphRunner:
         self.device = device
         self.use_cuda_graph = device.type == "cuda"
         self.pad_seq_len_from_live = pad_seq_len_from_live  # fault `padded-row-seqlen`
-        self.pack = pack  # the recorder's snapshot, computed inside the graph when tracing
-        # With the recorder's snapshot ring: writes the snapshot into the ring's current row (device ops only) and
-        # returns its length (ModelRunner.write_snapshot_row); without it the graph keeps `pack`'s tensor.
-        self.ring_write = ring_write if pack is not None else None
+        # When tracing: writes the recorder's snapshot into its snapshot ring's current row (device ops only, so
+        # the graph computes it on every replay) and returns its length (ModelRunner.write_snapshot_row).
+        self.ring_write = ring_write
         # tracer.stamps.StampRing of the compute stream: when tracing, each replay stamps its first and last node
         # itself (the recorder numbers the two stamps, `Recorder.graph_span`).
-        self.stamps = stamps if pack is not None else None
+        self.stamps = stamps if ring_write is not None else None
         n = max_bs * tokens_per_req
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
@@ -144,7 +141,7 @@ class GraphRunner:
         bs = fb.batch_size
         if not self.use_cuda_graph:
             self.forward(fb.input_ids, fb.positions, fb)
-            self.captured[bs] = _Captured(None, None, None)
+            self.captured[bs] = _Captured(None, None)
             return fb
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -160,18 +157,16 @@ class GraphRunner:
             if self.stamps is not None:
                 self.stamps.launch(capturing)  # the replay's start: its first node
             logits = self.forward(fb.input_ids, fb.positions, fb)
-            packed, ring_len = self._snapshot(fb)  # into the ring row the device index names, with a ring
+            ring_len = self._snapshot(fb)  # into the ring row the device index names
             if self.stamps is not None:
                 self.stamps.launch(capturing)  # and its end: the last node
-        self.captured[bs] = _Captured(graph, logits, packed, ring_len)
+        self.captured[bs] = _Captured(graph, logits, ring_len)
         return fb
 
-    def _snapshot(self, fb: ForwardBatch) -> tuple[torch.Tensor | None, int]:
-        """The replay's snapshot (device ops only: captured): written into the snapshot ring's current row, which
-        returns (None, its length); without a ring the packed int64 tensor and 0; (None, 0) when not tracing."""
-        if self.ring_write is not None:
-            return None, self.ring_write(fb)
-        return (self.pack(fb) if self.pack is not None else None), 0
+    def _snapshot(self, fb: ForwardBatch) -> int:
+        """The replay's snapshot (device ops only: captured), written into the snapshot ring's current row: its
+        length; 0 when not tracing."""
+        return self.ring_write(fb) if self.ring_write is not None else 0
 
     def replay_prepare(self, live: ForwardBatch) -> ForwardBatch:
         """Copy the live batch into the static buffers, pad, and refresh metadata (the plan-stream half)."""
@@ -207,19 +202,19 @@ class GraphRunner:
             input_ids.zero_()
             positions.zero_()
 
-    def replay(self, fb: ForwardBatch, raw_num_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-        """Run the captured forward over the static buffers; returns (logits of the live tokens, the packed
-        snapshot when tracing without a ring, the number of values written into the snapshot ring when with)."""
+    def replay(self, fb: ForwardBatch, raw_num_tokens: int) -> tuple[torch.Tensor, int]:
+        """Run the captured forward over the static buffers; returns (logits of the live tokens, the number of
+        values written into the snapshot ring: 0 when not tracing)."""
         cap = self.captured[fb.batch_size]
         if cap.graph is not None:
-            cap.graph.replay()  # its snapshot, when tracing, is in cap.packed or (with a ring) in a ring row
+            cap.graph.replay()  # its snapshot, when tracing, is in a ring row
             assert cap.logits is not None  # a captured graph keeps its static logits buffer
-            return cap.logits[:raw_num_tokens], cap.packed, cap.ring_len
+            return cap.logits[:raw_num_tokens], cap.ring_len
         if self.stamps is not None:
             self.stamps.launch()  # the emulated graph stamps where the captured one does
         try:
             logits = self.forward(fb.input_ids, fb.positions, fb)[:raw_num_tokens]
-            packed, ring_len = self._snapshot(fb)  # the emulated graph writes the ring as the captured one does
+            ring_len = self._snapshot(fb)  # the emulated graph writes the ring as the captured one does
         except Exception:
             if self.stamps is not None:  # a kernel refused its arguments: keep the ring's numbering in step
                 self.stamps.launch()
@@ -227,4 +222,4 @@ class GraphRunner:
             raise
         if self.stamps is not None:
             self.stamps.launch()
-        return logits, packed, ring_len
+        return logits, ring_len

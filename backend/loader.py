@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..tracer import user_env
+
 # The byte-level codec and the embedded model names live in the torch-free tracer (a trace's reader decodes tokens
 # too); they are re-exported here for the engine's callers.
 from ..tracer.tokens import EMBEDDED_MODELS as EMBEDDED
@@ -32,7 +34,7 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def samples_models_dir() -> Path:
     """The `samples/models` folder: beside the source tree, else $SPECSCOPE_SAMPLES, else ./samples/models."""
     candidates = [Path(__file__).resolve().parents[1] / "samples" / "models"]
-    env = os.environ.get("SPECSCOPE_SAMPLES")
+    env = user_env.get(user_env.SAMPLES)
     if env:  # accept either the `samples` folder or `samples/models` itself
         candidates += [Path(env) / "models", Path(env)]
     candidates.append(Path.cwd() / "samples" / "models")

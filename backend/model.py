@@ -4,17 +4,17 @@ Parameter names match Hugging Face's, so HF safetensors load as-is. Two forward 
 `forward` (flattened tokens + positions, attention through `fb.attn_backend`, the serving path) and
 `forward_dense` (a plain causal batch through torch SDPA, for training and as the test oracle).
 
-The serving path runs one of the op sets of `fused_ops.py`, chosen per device at the first forward: the plain
-torch ops (always on the CPU: the oracle, unchanged) or, on CUDA, flashinfer's norm / RoPE / SiLU kernels over
-fused QKV and gate/up GEMMs. Fusing re-homes q/k/v (gate/up) weights as row views of one concatenated tensor,
-so both op sets keep working on the same model and the A/B switch costs no memory.
+The serving path runs one of the op sets of `fused_ops.py`, chosen per device at the first forward from the run's
+setting (`EngineConfig.fused_ops`, handed to `set_ops`; "auto" until then): the plain torch ops (the CPU's under
+"auto": the oracle) or, on CUDA, flashinfer's norm / RoPE / SiLU kernels over fused QKV and gate/up GEMMs. Fusing
+re-homes q/k/v (gate/up) weights as row views of one concatenated tensor, so both op sets keep working on the same
+model and switching between them costs no memory.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 from typing import Any, Literal, overload
 
 import torch
@@ -256,24 +256,21 @@ class LlamaForCausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.attention_layers: list[AttentionLayer] = [layer.self_attn.layer for layer in self.model.decoder_layers]
-        self._ops_setting: str | None = None  # None: $SPECSCOPE_FUSED_OPS (auto when unset)
-        self._ops_env: str | None = os.environ.get(fused_ops.ENV_VAR)  # its value when _ops_setting was chosen
+        self._ops_setting = "auto"  # fused_ops.choose_ops's setting (EngineConfig.fused_ops)
         self._ops: dict[torch.device, Ops | None] = {}  # per device; None = the plain path
         self._retired_ops: list[dict[torch.device, Ops | None]] = []  # replaced op sets captured graphs may read
 
     # ---- op selection ------------------------------------------------------------------------------------
-    def set_ops(self, setting: str | None) -> None:
-        """Pick the op set: "plain", "fused-torch", "flashinfer", "auto", or None ($SPECSCOPE_FUSED_OPS).
+    def set_ops(self, setting: str) -> None:
+        """Pick the op set: "auto", "plain", "fused-torch" or "flashinfer" (engine_config.FUSED_OPS, aliases too).
 
         Takes effect at the next forward; CUDA graphs already captured keep the ops they were captured with."""
-        if setting is not None:
-            fused_ops.check_setting(setting)
-        env = os.environ.get(fused_ops.ENV_VAR) if setting is None else None  # what None resolves through
-        if (setting, env) == (self._ops_setting, self._ops_env):
+        setting = fused_ops.check_setting(setting)
+        if setting == self._ops_setting:
             return
         if self._ops:  # graphs captured with the old ops read their buffers (the RoPE table): keep them alive
             self._retired_ops.append(self._ops)
-        self._ops_setting, self._ops_env = setting, env
+        self._ops_setting = setting
         self._ops = {}
 
     def ops_name(self, device: torch.device | str) -> OpsName:

@@ -7,7 +7,6 @@ inputs, the snapshot of what the kernels will consume, the forward or graph repl
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -56,7 +55,7 @@ class ModelRunner:
         self.num_kv_pages = num_kv_pages
         self.device = device
         self.recorder = recorder
-        # The recorder on the paths only tracing reaches (the snapshot ring, deferred records); None for a
+        # The recorder on the paths only tracing reaches (the snapshot ring, deferred replay records); None for a
         # NullRecorder, which opens no ring and defers nothing.
         self._tracer = None if isinstance(recorder, NullRecorder) else recorder
         self.faults = faults
@@ -84,15 +83,12 @@ class ModelRunner:
         self._layouts: dict[tuple[Any, ...], Any] = {}  # snapshot layouts by the (address, shape) of each tensor
         # A replay's: by the address and the object of each tensor (a graph's buffers come back every replay). An
         # entry holds its tensors, so their ids are not reused while it is cached, and a tensor object's shape is
-        # fixed: reading 8 shapes per step cost more than the rest of the key.
+        # fixed: reading 8 shapes per step costs more than the rest of the key.
         self._replay_layouts: dict[tuple[Any, ...], tuple[Any, list[torch.Tensor]]] = {}
         self._crops: dict[int, dict[str, int]] = {}
-        # Where the recorder can run host bookkeeping later (`Recorder.later`), a replay's snapshot record (layout,
-        # scalars, host mirror) is made at the next poll instead of between launches; the graph runners and backends
-        # whose record is still to be made (made before either, or any eager forward, is prepared again).
-        self._later = getattr(recorder, "later", None) if recorder.enabled else None
-        if os.environ.get("SPECSCOPE_DEFER_SNAPSHOTS") == "0":
-            self._later = None  # (made at launch, as before: to measure what deferring saves)
+        # A traced replay's snapshot record (layout, scalars, host mirror) is made at the next poll
+        # (`Recorder.later`), not between launches; the graph runners and backends whose record is still to be made
+        # (it is made before either, or any eager forward, is prepared again).
         self._deferred_for: set[Any] = set()  # GraphRunners and TRTLLMHABackends
 
     def backend_for(self, mode: ForwardMode, step_id: int | None) -> TRTLLMHABackend:
@@ -111,9 +107,6 @@ class ModelRunner:
             backend = self.backend_for(mode, step_id)
             backend.init_cuda_graph_state(max_bs, max_bs * tpr)
 
-            def pack(fb: ForwardBatch, be: TRTLLMHABackend = backend) -> torch.Tensor:
-                return self.pack_snapshot(be, fb)
-
             def ring_write(fb: ForwardBatch, be: TRTLLMHABackend = backend) -> int:
                 return self.write_snapshot_row(be, fb)
 
@@ -121,9 +114,8 @@ class ModelRunner:
                 name=f"{self.name}:{mode.value}:{step_id}", mode=mode, forward=self.model.forward, backend=backend,
                 template=_with(template, mode, step_id, backend), max_bs=max_bs, tokens_per_req=tpr,
                 device=self.device, pad_seq_len_from_live="padded-row-seqlen" in self.faults,
-                pack=pack if self.recorder.enabled else None,
                 ladder=ladder, stamps=self.recorder.compute_stamps,
-                ring_write=ring_write if getattr(self.recorder, "ring", None) is not None else None)
+                ring_write=ring_write if self.recorder.enabled else None)
             self.runners[(mode, step_id)] = runner
             # Largest batch first, as SGLang captures: smaller graphs reuse the memory pool the largest allocated.
             for bs in reversed(runner.ladder):
@@ -136,7 +128,7 @@ class ModelRunner:
                 with self._record_failure(rec, backend, fb):
                     runner.capture_forward(fb)
                 if rec is not None:
-                    self.record_snapshot(rec, backend, fb, None)
+                    self.record_snapshot(rec, backend, fb)
                     self.recorder.end_step(rec)
 
     def _record_failure(self, rec: StepRecord | None, backend: TRTLLMHABackend, fb: ForwardBatch) -> _RecordFailure:
@@ -151,7 +143,7 @@ class ModelRunner:
         if rec is not None:
             self.recorder.error(rec, call, e, fatal=fatal)
             if not fatal:
-                self.record_snapshot(rec, backend, fb, None)
+                self.record_snapshot(rec, backend, fb)
             self.recorder.end_step(rec)
 
     # ---- one forward ---------------------------------------------------------------------------------
@@ -200,30 +192,28 @@ class ModelRunner:
             with self._record_failure(rec, prep.backend, prep.fb):
                 # Traced, the graph stamps its own span ("forward": first node to last).
                 if rec is not None and stamps is not None:
-                    logits, packed, ring_len = prep.runner.replay(prep.fb, prep.live.num_tokens)
+                    logits, ring_len = prep.runner.replay(prep.fb, prep.live.num_tokens)
                     self.recorder.graph_span(rec, "compute", "forward", stamps)
                 else:
                     with span(rec, "compute", "forward", self.compute_stream):
-                        logits, packed, ring_len = prep.runner.replay(prep.fb, prep.live.num_tokens)
+                        logits, ring_len = prep.runner.replay(prep.fb, prep.live.num_tokens)
             if rec is not None:
-                if ring_len and self._later is not None:
-                    # The replay's row is numbered now (launch order); the rest of its record reads objects nothing
-                    # changes before this runner is prepared again, so it is made at the next poll, where the host
-                    # waits for the GPU, not here, where the GPU may be waiting for the next launch.
-                    tracer = self._tracer
-                    assert tracer is not None  # records are deferred (self._later) only while tracing
-                    seq = tracer.claim_row()
-                    self._deferred_for.update((prep.runner, prep.backend))
-                    self._later(self._record_replay, rec, prep.backend, prep.fb, ring_len, seq, prep.runner)
-                else:
-                    self.record_snapshot(rec, prep.backend, prep.fb, packed, ring_len)
+                # The replay's ring row is numbered now (launch order); the rest of its record reads objects nothing
+                # changes before this runner is prepared again, so it is made at the next poll, where the host waits
+                # for the GPU, not here, where the GPU may be waiting for the next launch.
+                tracer = self._tracer
+                # A step is recorded only while tracing, and a traced engine's graphs write the snapshot ring.
+                assert tracer is not None and ring_len > 0
+                seq = tracer.claim_row()
+                self._deferred_for.update((prep.runner, prep.backend))
+                tracer.later(self._record_replay, rec, prep.backend, prep.fb, ring_len, seq, prep.runner)
                 self.record_attention(rec, prep, replayed=self.device.type == "cuda")
             return logits if logits_indices is None else logits[logits_indices]
         with self._record_failure(rec, prep.backend, prep.fb), span(rec, "compute", "forward", self.compute_stream):
             logits = self.model.forward(prep.fb.input_ids, prep.fb.positions, prep.fb,
                                         logits_indices=logits_indices)
         if rec is not None:
-            self.record_snapshot(rec, prep.backend, prep.fb, None)
+            self.record_snapshot(rec, prep.backend, prep.fb)
             self.record_attention(rec, prep, replayed=False)
         return logits
 
@@ -237,7 +227,7 @@ class ModelRunner:
                        runner: GraphRunner) -> None:
         self._deferred_for.discard(runner)
         self._deferred_for.discard(backend)
-        self.record_snapshot(rec, backend, fb, None, ring_len, seq)
+        self.record_snapshot(rec, backend, fb, ring_len, seq)
 
     def record_attention(self, rec: StepRecord, prep: Prepared, replayed: bool) -> None:
         """On sampled steps, keep layer 0's q, output and the KV pages its live rows use (differential check).
@@ -323,15 +313,13 @@ class ModelRunner:
         ring.write(packed)
         return packed.numel()
 
-    def record_snapshot(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch,
-                        packed: torch.Tensor | None, ring_len: int = 0, seq: int | None = None) -> None:
-        """Hand the packed snapshot to the recorder with its layout, and the scalars the checks need. A replay
-        that wrote `ring_len` values into the recorder's snapshot ring hands over its row instead (`seq`: the row's
-        number, when it was claimed at launch)."""
+    def record_snapshot(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch, ring_len: int = 0,
+                        seq: int | None = None) -> None:
+        """Hand the packed snapshot (eager steps and captures pack it here) to the recorder with its layout, and the
+        scalars the checks need. A replay that wrote `ring_len` values into the recorder's snapshot ring hands over
+        its row instead (`seq`: the row's number, when it was claimed at launch)."""
         md, p = backend.forward_metadata, self.page_size
-        replay = packed is not None or ring_len > 0  # eager steps pack here
-        if not replay:
-            packed = self.pack_snapshot(backend, fb)
+        replay = ring_len > 0
         width = -(-md.max_seq_len_k // p)
         # Same order as pack_snapshot; the layout comes from shapes and addresses alone, read on every step (a
         # replay's addresses are what I15 checks), and is built once per distinct set of tensors and addresses.
@@ -360,13 +348,12 @@ class ModelRunner:
         crop = self._crops.get(width)
         if crop is None:
             crop = self._crops[width] = {"page_table": width, "req_to_token_page_starts": width}
-        if ring_len:
+        if replay:
             tracer = self._tracer
             assert tracer is not None  # only a tracing recorder opens the ring replays write into
             tracer.snapshot_ring(rec, ring_len, layout, crop, seq)
         else:
-            assert packed is not None  # packed above for an eager step; handed over by a replay without a ring
-            self.recorder.snapshot_pack(rec, packed, layout, crop_cols=crop)
+            self.recorder.snapshot_pack(rec, self.pack_snapshot(backend, fb), layout, crop_cols=crop)
         scalars = {
             "max_seq_len_q": md.max_seq_len_q, "kernel_q_len": md.kernel_q_len, "max_seq_len_k": md.max_seq_len_k,
             "max_context_len": backend.max_context_len, "num_kv_pages": self.num_kv_pages,

@@ -18,6 +18,7 @@ import torch
 from ..tracer.process_writer import ProcessTraceWriter
 from ..tracer.recorder import NullRecorder, Recorder, is_sticky_cuda_error, keep_until_exit
 from ..tracer.schema import RunInfo
+from . import fused_ops
 from .control import ControlledRecorder, ControlPoint, RunStopped
 from .engine import Engine, RunStats
 from .engine_config import ConfigError, EngineConfig
@@ -27,6 +28,10 @@ from .model_config import ModelConfig
 from .model_runner import EngineRecorder
 from .request import Request
 from .workload import make_requests
+
+# What a traced session records through: a factory of (the trace's writer, the device). The tracer's Recorder;
+# benchmarks/ hand in measurement-only subclasses (benchmarks/recorder_ablation.py).
+RecorderFactory = Callable[[ProcessTraceWriter, torch.device], Recorder]
 
 
 @dataclass
@@ -167,15 +172,15 @@ class _Parts:
 
 
 def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwrite: bool, random_weights: bool,
-             control: ControlPoint | None, check: bool) -> _Parts:
+             control: ControlPoint | None, check: bool, recorder_factory: RecorderFactory) -> _Parts:
     """Device, models, the cfg's requests, kernels, writer and recorder: everything a run needs but the engine."""
     cfg.device = resolve_device(cfg.device)
     cfg.validate()
     dev = torch.device(cfg.device)
     if dev.type == "cpu":
         # The embedded models are tiny: intra-op threads cost more than they save on small matmuls, and
-        # collapse (x40) when another process shares the cores. SPECSCOPE_CPU_THREADS overrides.
-        torch.set_num_threads(int(os.environ.get("SPECSCOPE_CPU_THREADS", "1")))
+        # collapse (x40) when another process shares the cores; --cpu-threads (default 1) sets them.
+        torch.set_num_threads(cfg.cpu_threads)
     elif dev.index is not None:
         # Kernels that launch on "the current stream" (flashinfer's, the recorder's stamps) must find this device.
         torch.cuda.set_device(dev)
@@ -189,6 +194,12 @@ def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwri
         if draft[1].vocab_size != target[1].vocab_size:
             raise ConfigError(f"draft vocab ({draft[1].vocab_size}) differs from target vocab "
                               f"({target[1].vocab_size})")
+    try:  # refused here, before any kernel runs: "flashinfer" where flashinfer cannot run
+        fused_ops.ops_for(dev, cfg.torch_dtype, cfg.fused_ops)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for model, _ in (target, draft) if draft is not None else (target,):
+        model.set_ops(cfg.fused_ops)
     tcfg = target[1]
     byte_level = tokenizer_kind(tcfg) == "bytes"
     stops = frozenset() if cfg.ignore_eos else frozenset(tcfg.eos_token_ids)
@@ -212,7 +223,7 @@ def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwri
                        git_commit=git_commit(), start_ns=time.time_ns(), hostname=socket.gethostname())
         writer = ProcessTraceWriter(trace_path, info, overwrite=overwrite, check=check)
         try:
-            recorder = Recorder(writer, dev)
+            recorder = recorder_factory(writer, dev)
         except RuntimeError as e:  # no device stamps on this GPU / driver: say so, leave no empty trace behind
             writer.close()
             with contextlib.suppress(OSError):
@@ -318,24 +329,27 @@ def _session(parts: _Parts) -> Iterator[OpenSession]:
 @contextlib.contextmanager
 def open_session(cfg: EngineConfig, trace_path: str | None, *, command: str, overwrite: bool = False,
                  random_weights: bool = False, control: ControlPoint | None = None,
-                 check: bool = True) -> Iterator[OpenSession]:
+                 check: bool = True, recorder: RecorderFactory = Recorder) -> Iterator[OpenSession]:
     """Build `cfg`'s engine once (device, models, the cfg's requests, kernels, trace writer, recorder, CUDA
     graphs) and yield it as an OpenSession that runs workloads in turn; on exit the trace is closed (the live
-    checker's verdict is then on `writer.check_result`) and the control point hung up."""
+    checker's verdict is then on `writer.check_result`) and the control point hung up. `recorder` makes the
+    trace's recorder from its writer and the device (with a trace only)."""
     parts = _prepare(cfg, trace_path, command=command, overwrite=overwrite, random_weights=random_weights,
-                     control=control, check=check)
+                     control=control, check=check, recorder_factory=recorder)
     with _session(parts) as session:
         yield session
 
 
 def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, overwrite: bool = False,
                 progress: Callable[[int, int], None] | None = None, random_weights: bool = False,
-                control: ControlPoint | None = None, check: bool = True) -> SessionResult:
+                control: ControlPoint | None = None, check: bool = True,
+                recorder: RecorderFactory = Recorder) -> SessionResult:
     """Run `cfg` end to end, recording into `trace_path` (no trace when None); `control` lets a live viewer
     pause the engine after each recorded step (backend/control.py); `check` runs the invariant catalogue beside
-    the writer (a separate process, tracer/live_check.py), so the trace carries its violations."""
+    the writer (a separate process, tracer/live_check.py), so the trace carries its violations; `recorder` makes
+    the trace's recorder from its writer and the device (the tracer's Recorder unless a caller hands in another)."""
     parts = _prepare(cfg, trace_path, command=command, overwrite=overwrite, random_weights=random_weights,
-                     control=control, check=check)
+                     control=control, check=check, recorder_factory=recorder)
     # open_session's two halves, kept apart so a stop during graph capture still has the workload to report.
     try:
         with _session(parts) as session:

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 
 import torch
 
+from ..tracer import user_env
+
 
 class Streams:
     """The compute stream and the overlap plan stream of one engine."""
@@ -70,10 +72,10 @@ _NO_RANGE = contextlib.nullcontext()
 def nvtx_wanted() -> bool:
     """Whether NVTX ranges would reach anything: a tool (Nsight Systems, Nsight Compute) injected itself, or
     SPECSCOPE_NVTX=1 asks. Without one a range is a no-op that still costs the host ~2 µs of Python."""
-    env = os.environ
-    if env.get("SPECSCOPE_NVTX") is not None:
-        return env["SPECSCOPE_NVTX"] not in ("", "0")
-    return bool(env.get("NVTX_INJECTION64_PATH") or env.get("CUDA_INJECTION64_PATH"))
+    asked = user_env.get(user_env.NVTX)
+    if asked is not None:
+        return asked not in ("", "0")
+    return bool(os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("CUDA_INJECTION64_PATH"))
 
 
 def nvtx(name: str, enabled: bool) -> contextlib.AbstractContextManager[None]:

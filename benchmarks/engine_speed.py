@@ -23,7 +23,6 @@ import contextlib
 import datetime
 import gc
 import json
-import os
 import platform
 import shlex
 import statistics
@@ -155,22 +154,26 @@ class Bench:
         self._cache: dict[tuple[Any, ...], Any] = {}
         self._arm = "plain"
         self._loaded: list[Any] = []  # this run's models, in load order (target, then draft)
-        # What the arms mean on this device (a CPU dry run of the harness sets "cpu" / "fused-torch").
-        self.device, self.dtype, self.fused_setting, self.fused_ops = "cuda", "bfloat16", None, "flashinfer"
+        # What the arms mean on this device: the fused arm's `fused_ops` setting and the op set it must run (a CPU
+        # dry run of the harness sets "cpu" / "fused-torch").
+        self.device, self.dtype, self.fused_setting, self.fused_ops = "cuda", "bfloat16", "auto", "flashinfer"
         real = session.load_model
 
         def cached_load(path: str, **kw: Any) -> Any:
             # Loading an 8B model per run would dominate the benchmark; the engine never writes the weights, and
-            # the fused layout is a view of them, so both arms share one copy (set_ops re-selects per run).
+            # the fused layout is a view of them, so both arms share one copy (each session sets its op set).
             key = (str(path), str(kw.get("device")), str(kw.get("dtype")), kw.get("random_weights"), kw.get("seed"))
             if key not in self._cache:
                 self._cache[key] = real(path, **kw)
             model, cfg = self._cache[key]
-            model.set_ops(self.fused_setting if self._arm == "fused" else "plain")
             self._loaded.append(model)
             return model, cfg
 
         session.load_model = cached_load
+
+    def ops_setting(self) -> str:
+        """The current arm's `EngineConfig.fused_ops`: the fused setting, or "plain"."""
+        return self.fused_setting if self._arm == "fused" else "plain"
 
     def drop_models(self) -> None:
         """Free the cached models (between presets)."""
@@ -189,7 +192,7 @@ class Bench:
         cfg = EngineConfig(model=p.model, draft=p.draft, device=self.device, dtype=self.dtype, batch_size=bs,
                            num_requests=bs, max_new_tokens=p.new_tokens, spec_steps=spec, page_size=64,
                            cuda_graph=True, plan_stream=False, seed=0, prompt_len=p.prompt, arrival_gap=(0, 0),
-                           ignore_eos=True, graph_batch_sizes=(bs,))
+                           ignore_eos=True, graph_batch_sizes=(bs,), fused_ops=self.ops_setting())
         marks = 0
 
         def mark(_done: int, _total: int) -> None:
@@ -402,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
                command="python benchmarks/engine_speed.py " + shlex.join(argv), pairs=args.pairs,
                quick=args.quick, spec_steps=args.spec_steps, seconds=round(time.perf_counter() - t0, 1),
-               fused_ops_env=os.environ.get("SPECSCOPE_FUSED_OPS"), targets=TARGETS,
+               fused_ops_setting=bench.fused_setting, targets=TARGETS,
                presets={n: dict(vars(table[n])) for n in args.models}, rows=rows)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

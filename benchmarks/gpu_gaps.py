@@ -140,7 +140,7 @@ def main(argv: list[str]) -> int:
         return 2
     _instrument()
     bench = engine_speed.Bench(torch, 3)
-    bench._arm, bench.fused_setting = "fused", None
+    bench._arm, bench.fused_setting = "fused", "auto"
     table = engine_speed.presets(True)
 
     def run(p: engine_speed.Preset, bs: int, traced: bool, plan: bool, label: str | None) -> float:

@@ -16,12 +16,9 @@ backlog does not run into the next arm's run; the live checker is a separate pro
 
     python benchmarks/tracer_overhead.py                       # tiny and the 8B shape, bs 1/16/64, 15 rounds
     python benchmarks/tracer_overhead.py --quick --rounds 7    # shorter requests, fewer rounds
-    SPECSCOPE_SNAPSHOT_RING=0 python benchmarks/tracer_overhead.py --models tiny   # the per-step host copies
-    SPECSCOPE_DEFER_SNAPSHOTS=0 python benchmarks/tracer_overhead.py --models llama3-8b   # replay records at launch
-    python benchmarks/tracer_overhead.py --quick --rounds 9 --no-profiler --ab-env SPECSCOPE_RESOLVE_BATCH=1
-                                                               # a second traced build in the same rounds (A/B)
     python benchmarks/tracer_overhead.py --quick --rounds 9 --no-profiler --ab-ablate floor
-                                                               # against the graphs' nodes alone (no host recording)
+                                                               # a second traced engine in the same rounds, recording
+                                                               # through the graphs' nodes alone (no host recording)
     python benchmarks/tracer_overhead.py --cpu --quick --models tiny --batch-sizes 1,4 --rounds 5 --out /tmp/t.json
                                                                # a CPU dry run of the harness (numbers meaningless)
 
@@ -44,14 +41,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 HERE = Path(__file__).resolve().parent
 from engine_speed import Bench, BenchError, Preset, load_torch, presets, steady, summarize, versions  # noqa: E402
 from recorder_ablation import LEVELS, recorder_class  # noqa: E402
 
 TARGET = 1.02
-ARMS = ("off", "on", "profiler")  # "onB" (--ab-env, --ab-ablate) and --no-profiler change the list per run
+ARMS = ("off", "on", "profiler")  # "onB" (--ab-ablate) and --no-profiler change the list per run
 WARMUP_ROUNDS = 1  # per arm: the first round is dropped
 COMMAND = "benchmarks/tracer_overhead.py"
 
@@ -69,16 +65,16 @@ def cell_config(bench: Bench, p: Preset, bs: int, plan_stream: bool) -> Any:
     return EngineConfig(model=p.model, draft=p.draft, device=bench.device, dtype=bench.dtype, batch_size=bs,
                         num_requests=bs, max_new_tokens=p.new_tokens, spec_steps=bench.spec_steps, page_size=64,
                         cuda_graph=True, plan_stream=plan_stream, seed=0, prompt_len=p.prompt, arrival_gap=(0, 0),
-                        ignore_eos=True, graph_batch_sizes=(bs,))
+                        ignore_eos=True, graph_batch_sizes=(bs,), fused_ops=bench.ops_setting())
 
 
 @contextlib.contextmanager
 def open_arms(bench: Bench, p: Preset, bs: int, plan_stream: bool, tmp: str,
               live_check: bool = True, arm_names: tuple[str, ...] = ARMS,
-              ab_env: dict[str, str] | None = None, ab_ablate: str | None = None) -> Iterator[dict[str, Any]]:
-    """The engines of a cell, built once (off, on, profiler; "onB": traced, built with `ab_env` set, or with the
-    measurement-only recorder of `ab_ablate`, recorder_ablation.py), sharing the cached model weights; on exit they
-    are closed (each trace with its live checker's verdict) and the trace files removed."""
+              ab_ablate: str | None = None) -> Iterator[dict[str, Any]]:
+    """The engines of a cell, built once (off, on, profiler; "onB": traced through the measurement-only recorder
+    of `ab_ablate`, recorder_ablation.py), sharing the cached model weights; on exit they are closed (each trace
+    with its live checker's verdict) and the trace files removed."""
     bench._arm = "fused"  # the engine's default ops (flashinfer's fused kernels where they exist)
     bench._loaded = []
     paths = {a: os.path.join(tmp, f"{a}-{Path(p.model).name}-bs{bs}.db") for a in ("on", "onB")}
@@ -86,14 +82,10 @@ def open_arms(bench: Bench, p: Preset, bs: int, plan_stream: bool, tmp: str,
         with contextlib.ExitStack() as stack:
             arms: dict[str, Any] = {}
             for arm in arm_names:
-                # What an engine reads from the environment, it reads when it is built: B is built with ab_env set.
-                b = arm == "onB"
-                with mock.patch.dict(os.environ, ab_env or {}) if b else contextlib.nullcontext(), \
-                        mock.patch.object(bench.session, "Recorder", recorder_class(ab_ablate)) \
-                        if b and ab_ablate else contextlib.nullcontext():
-                    arms[arm] = stack.enter_context(bench.session.open_session(
-                        cell_config(bench, p, bs, plan_stream), paths.get(arm), command=COMMAND,
-                        overwrite=True, random_weights=p.random_weights, check=live_check))
+                extra = {"recorder": recorder_class(ab_ablate)} if arm == "onB" and ab_ablate else {}
+                arms[arm] = stack.enter_context(bench.session.open_session(
+                    cell_config(bench, p, bs, plan_stream), paths.get(arm), command=COMMAND, overwrite=True,
+                    random_weights=p.random_weights, check=live_check, **extra))
             yield arms
     finally:
         for path in paths.values():
@@ -138,12 +130,11 @@ def _check_ops(bench: Bench) -> str:
 
 
 def run_cell(bench: Bench, p: Preset, bs: int, rounds: int, plan_stream: bool, tmp: str,
-             live_check: bool = True, ab_env: dict[str, str] | None = None, profiler: bool = True,
-             ab_ablate: str | None = None) -> dict[str, Any]:
+             live_check: bool = True, profiler: bool = True, ab_ablate: str | None = None) -> dict[str, Any]:
     """The arms' engines built once, `rounds` alternating rounds on them; ratios are taken within a round."""
     if rounds <= WARMUP_ROUNDS:
         raise BenchError(f"--rounds must be more than the {WARMUP_ROUNDS} warm-up round")
-    ab = bool(ab_env or ab_ablate)
+    ab = bool(ab_ablate)
     names = ("off", "on", *(("onB",) if ab else ()), *(("profiler",) if profiler else ()))
     walls: dict[str, list[float]] = {a: [] for a in names}
     flush: list[float] = []
@@ -151,7 +142,7 @@ def run_cell(bench: Bench, p: Preset, bs: int, rounds: int, plan_stream: bool, t
     # diagnostic, not a verdict: a difference would point at an engine reading state it does not own).
     outputs: list[list[list[int]]] = []
     checks: dict[str, Any] = {}
-    with open_arms(bench, p, bs, plan_stream, tmp, live_check, names, ab_env, ab_ablate) as arms:
+    with open_arms(bench, p, bs, plan_stream, tmp, live_check, names, ab_ablate) as arms:
         for i in range(rounds):
             for arm in order(i, names):
                 wall, f, out = run_round(bench, arms[arm], arm, bs, seed=0)
@@ -194,7 +185,7 @@ def run_cell(bench: Bench, p: Preset, bs: int, rounds: int, plan_stream: bool, t
     if ab:
         # The B build of the traced engine, in the same rounds: B / untraced, and the paired A / B (the "on" arm
         # over the "onB" arm of the same round: below 1 when the default build costs less).
-        row.update(ab_env=ab_env or {}, ab_ablate=ab_ablate, ratio_traced_b=summarize(ratios("onB")),
+        row.update(ab_ablate=ab_ablate, ratio_traced_b=summarize(ratios("onB")),
                    ratio_a_over_b=summarize(ratios("on", "onB")), trace_check_b=checks.get("onB"))
         row["round_ratios"].update(traced_b=ratios("onB"), a_over_b=ratios("on", "onB"))
         row["ratio_of_medians"].update(traced_b=med["onB"] / med["off"], a_over_b=med["on"] / med["onB"])
@@ -205,7 +196,7 @@ def b_settings(d: dict[str, Any]) -> str:
     """What the onB engine of a results document or row was built with ("" without one)."""
     if d.get("ab_ablate"):
         return f"the measurement-only recorder {d['ab_ablate']!r} (recorder_ablation.py)"
-    return " ".join(f"{k}={v}" for k, v in (d.get("ab_env") or {}).items())
+    return ""
 
 
 def _fmt(s: dict[str, float], prec: int = 3) -> str:
@@ -227,8 +218,7 @@ def markdown(doc: dict[str, Any]) -> str:
            f"- GPU: {doc['gpu']} (SM {doc['capability']}), {doc['date']}",
            f"- versions: torch {v.get('torch')}, CUDA {v.get('cuda')}, flashinfer {v.get('flashinfer')}, "
            f"Python {v.get('python')}, specscope commit {v.get('git_commit')}",
-           f"- command: `{doc['command']}`; SPECSCOPE_SNAPSHOT_RING={doc['snapshot_ring_env'] or '(unset: on)'}; "
-           f"SPECSCOPE_* set: {' '.join(f'{k}={v}' for k, v in doc.get('specscope_env', {}).items()) or 'none'}",
+           f"- command: `{doc['command']}`",
            f"- CUDA graphs on, plan stream {'on' if doc['plan_stream'] else 'off'}, live checker "
            f"{'on' if doc.get('live_check', True) else 'off'}, {doc['spec_steps']} draft steps. "
            f"Per cell {len(names)} engines are built once and share the model weights: {', '.join(kinds)}. "
@@ -258,7 +248,7 @@ def markdown(doc: dict[str, Any]) -> str:
                    f"{ms_prof} | {_fmt(r['ratio_traced'])} | {rom['traced']:.3f} | {ratio_prof} | "
                    f"{'yes' if r['meets_target'] else '**no**'} | {check(r.get('trace_check'))} | "
                    f"{'yes' if r['outputs_identical'] else '**no**'} |")
-    ab = [r for r in doc["rows"] if r.get("ab_env") or r.get("ab_ablate")]
+    ab = [r for r in doc["rows"] if r.get("ab_ablate")]
     if ab:
         out += ["", "A/B in the same rounds: the traced engine built with the default settings (A, the \"traced\" "
                 "column above) and one built with these settings (B); A / B below 1 means A costs less.", "",
@@ -283,10 +273,8 @@ def write(args: argparse.Namespace, argv: list[str], torch: Any, rows: list[dict
                command="python benchmarks/tracer_overhead.py " + shlex.join(argv), rounds=args.rounds,
                warmup_rounds=WARMUP_ROUNDS, repeats=args.rounds - WARMUP_ROUNDS,
                plan_stream=not args.no_plan_stream, live_check=not args.no_live_check, spec_steps=args.spec_steps,
-               quick=args.quick, ab_env=args.ab_env, ab_ablate=args.ab_ablate, profiler=not args.no_profiler,
-               cpu_dry_run=args.cpu, snapshot_ring_env=os.environ.get("SPECSCOPE_SNAPSHOT_RING"),
-               specscope_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("SPECSCOPE_")},
-               seconds=round(time.perf_counter() - t0, 1), rows=rows)
+               quick=args.quick, ab_ablate=args.ab_ablate, profiler=not args.no_profiler,
+               cpu_dry_run=args.cpu, seconds=round(time.perf_counter() - t0, 1), rows=rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))
@@ -308,12 +296,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--no-live-check", action="store_true",
                     help="trace without the live checker process beside the writer (it is on, as in `specscope run`)")
     ap.add_argument("--quick", action="store_true", help="shorter requests (engine_speed's quick presets)")
-    ap.add_argument("--ab-env", default=None, metavar="VAR=VALUE[,VAR=VALUE]",
-                    help="A/B: add a second traced engine built with these environment variables set (arm onB, in "
-                         "the same alternating rounds), to compare two recorder settings within one process")
     ap.add_argument("--ab-ablate", default=None, choices=LEVELS,
-                    help="A/B: the second traced engine (onB) records through a measurement-only recorder with part "
-                         "of the host-side recording off (benchmarks/recorder_ablation.py): what that part costs")
+                    help="A/B: add a second traced engine (arm onB, in the same alternating rounds) that records "
+                         "through a measurement-only recorder with part of the host-side recording off "
+                         "(benchmarks/recorder_ablation.py): what that part costs")
     ap.add_argument("--no-profiler", action="store_true", help="leave out the torch.profiler arm")
     ap.add_argument("--cpu", action="store_true",
                     help="a CPU dry run of the harness (float32, fused-torch ops; needs --out, numbers meaningless)")
@@ -324,17 +310,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.cpu and args.out is None:
         ap.error("--cpu needs --out (a dry run must not overwrite the GPU results)")
     args.out = args.out or str(HERE / "results" / "tracer_overhead.json")
-    ab: dict[str, str] = {}
-    for item in (args.ab_env or "").split(","):
-        if not item.strip():
-            continue
-        k, eq, v = item.strip().partition("=")
-        if not eq or not k.startswith("SPECSCOPE_"):
-            ap.error(f"--ab-env takes SPECSCOPE_VAR=VALUE items, got {item.strip()!r}")
-        ab[k] = v
-    args.ab_env = ab or None
-    if args.ab_env and args.ab_ablate:
-        ap.error("--ab-env and --ab-ablate each build the onB engine: give one of them")
     try:
         args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError:
@@ -367,14 +342,14 @@ def main(argv: list[str] | None = None) -> int:
                 p = table[name]
                 for bs in args.batch_sizes:
                     row = run_cell(bench, p, bs, args.rounds, not args.no_plan_stream, tmp, not args.no_live_check,
-                                   args.ab_env, not args.no_profiler, args.ab_ablate)
+                                   not args.no_profiler, args.ab_ablate)
                     rows.append(row)
                     rom = row["ratio_of_medians"]
                     line = (f"{p.label[:26]:26s} bs {bs:3d}  off {row['wall_ms']['off']['median']:7.3f} ms  "
                             f"traced {_fmt(row['ratio_traced'])} (of medians {rom['traced']:.3f})")
                     if row.get("ratio_profiler"):
                         line += f"  profiler {_fmt(row['ratio_profiler'])} (of medians {rom['profiler']:.3f})"
-                    if args.ab_env or args.ab_ablate:
+                    if args.ab_ablate:
                         line += (f"  B {_fmt(row['ratio_traced_b'])} (of medians {rom['traced_b']:.3f})  "
                                  f"A/B {_fmt(row['ratio_a_over_b'])} (of medians {rom['a_over_b']:.3f})")
                     print(line, flush=True)

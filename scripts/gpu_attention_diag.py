@@ -20,18 +20,17 @@ from specscope.tracer.checks import check_steps
 from specscope.tracer.differential import diff_step
 from specscope.tracer.store import TraceReader
 
-VARIANTS = [("graph-de-ra7", "1", 7), ("eager-de-ra7", "0", 7), ("graph-de-ra3", "1", 3)]
+VARIANTS = [("graph-de-ra7", True, 7), ("eager-de-ra7", False, 7), ("graph-de-ra3", True, 3)]  # draft extend graph
 
 
 def main(out: str) -> int:
     """Run each variant, print its D violations by group and the worst rel. error per group."""
     os.makedirs(out, exist_ok=True)
-    for name, env, every in VARIANTS:
-        os.environ["SPECSCOPE_DRAFT_EXTEND_GRAPH"] = env
+    for name, draft_extend_graph, every in VARIANTS:
         path = f"{out}/{name}.db"
         cfg = EngineConfig(model="tiny", draft="tiny-draft", device="cuda", dtype="bfloat16", batch_size=4,
                            num_requests=6, max_new_tokens=16, spec_steps=3, record_attention=every,
-                           prompt_len=(16, 80))
+                           prompt_len=(16, 80), draft_extend_graph=draft_extend_graph)
         try:
             run_session(cfg, path, command=f"gpu_attention_diag {name}")
         except Exception as e:  # noqa: BLE001 - report and go on to the next variant

@@ -2,7 +2,8 @@
 
 Numbers: `integer(...)` / `real(...)` give `add_argument` keywords that parse the value and refuse one out of
 range (or nan / inf) at parse time, with one line naming the flag: "--tol must be a finite number >= 0, got
-nan". Steps: a command that takes one step says `--step N`, a range says `--steps A:B`; each accepts the other
+nan". Names: `one_of(...)` takes one of a fixed list (or an alias of one), refused the same way otherwise.
+Steps: a command that takes one step says `--step N`, a range says `--steps A:B`; each accepts the other
 spelling as an alias (`export --step N` is one step, `replay --steps N` is `--step N`). Output files:
 `check_writable` proves an output path can be created before any slow work starts. Flags that would be
 ignored in combination are refused with `conflict`.
@@ -14,7 +15,7 @@ import argparse
 import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 INT64_MAX = 2**63 - 1
@@ -61,6 +62,30 @@ def integer(lo: int | None = None, hi: int | None = None, what: str | None = Non
 def real(lo: float | None = None, hi: float | None = None, what: str | None = None) -> dict[str, Any]:
     """`add_argument` keywords for a finite float in [lo, hi]: nan and +-inf are always refused."""
     return {"type": float, "action": _Bounded, "lo": lo, "hi": hi, "what": what}
+
+
+class _OneOf(argparse.Action):
+    """Store one of `names` (case-insensitive; an `aliases` spelling is stored as the name it maps to); anything
+    else is a usage error (exit 2) naming the values."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, names: Sequence[str] = (),
+                 aliases: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.names, self.aliases = tuple(names), dict(aliases or {})
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        """Store the name `values` spells, or end with a one-line usage error."""
+        v = str(values).strip().lower()
+        v = self.aliases.get(v, v)
+        if v not in self.names:
+            parser.error(f"{option_string or self.dest} must be one of {', '.join(self.names)}, got {values!r}")
+        setattr(namespace, self.dest, v)
+
+
+def one_of(names: Sequence[str], aliases: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`add_argument` keywords for one of `names` (`aliases`: other spellings and the name each stands for)."""
+    return {"action": _OneOf, "names": names, "aliases": aliases, "metavar": "|".join(names)}
 
 
 class _OneStep(argparse.Action):

@@ -11,11 +11,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .args import INT64_MAX, check_writable, integer, real
+from .args import INT64_MAX, check_writable, integer, one_of, real
 
 if TYPE_CHECKING:  # type names only: `run` validates everything before torch is imported
     from specscope.backend.engine_config import EngineConfig
     from specscope.backend.session import SessionResult
+
+# engine_config.FUSED_OPS and its aliases (named here so building the parser imports no engine module).
+FUSED_OPS = ("auto", "plain", "fused-torch", "flashinfer")
+FUSED_OPS_ALIASES = {"on": "auto", "1": "auto", "true": "auto", "off": "plain", "0": "plain", "false": "plain"}
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -82,6 +86,15 @@ def add_run_arguments(p: argparse.ArgumentParser, default_output: str = "specsco
     g.add_argument("--prefill-kernel", default=None, choices=["fmha_v2", "flashinfer"],
                    help="SM90 extend kernel: TRT-LLM FMHAv2 paged prefill, or flashinfer's paged prefill "
                         "(default: fmha_v2; GPU only)")
+    g.add_argument("--draft-extend-graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="capture draft extend too (with --prefill-kernel flashinfer it stays eager: flashinfer's "
+                        "prefill plans on the host)")
+    g.add_argument("--fused-ops", **one_of(FUSED_OPS, FUSED_OPS_ALIASES), default="auto",
+                   help="the decoder's norm / RoPE / SiLU ops: auto = flashinfer's fused kernels on a bf16 or fp16 "
+                        "GPU, else plain torch; plain; fused-torch (the fused QKV and gate/up structure in torch); "
+                        "flashinfer (a GPU only); on / off mean auto / plain")
+    g.add_argument("--cpu-threads", **integer(lo=1), default=1, metavar="N",
+                   help="torch's intra-op threads on the CPU device (the embedded models run fastest on one)")
     g.add_argument("--inject", action="append", default=[], metavar="FAULT",
                    help="switch on a known bug class (repeatable); see --list-faults")
     g.add_argument("--list-faults", action="store_true", help="list the injectable faults and exit")
@@ -138,7 +151,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         verify_tokens=_verify_tokens(args), page_size=args.page_size, cuda_graph=args.cuda_graph,
         plan_stream=args.plan_stream, seed=args.seed, temperature=args.temperature,
         faults=parse_faults(args.inject), prompt_len=args.prompt_len, prefill_kernel=args.prefill_kernel or "fmha_v2",
-        ignore_eos=args.ignore_eos, record_attention=args.record_attention)
+        ignore_eos=args.ignore_eos, record_attention=args.record_attention, fused_ops=args.fused_ops,
+        draft_extend_graph=args.draft_extend_graph, cpu_threads=args.cpu_threads)
 
 
 def _verify_tokens(args: argparse.Namespace) -> int:
@@ -173,6 +187,11 @@ def check_flags(args: argparse.Namespace) -> list[str]:
             warnings.append("--plan-stream does nothing with --spec-steps 0 (it plans verify and draft extend)")
     if args.prefill_kernel and args.device == "cpu":
         warnings.append("--prefill-kernel picks a GPU kernel; the CPU runs the reference kernels")
+    if not args.draft_extend_graph and (not args.cuda_graph or not args.spec_steps):
+        why = "--no-cuda-graph (nothing is captured)" if not args.cuda_graph else "--spec-steps 0 (no draft extend)"
+        warnings.append(f"--no-draft-extend-graph does nothing with {why}")
+    if args.cpu_threads != 1 and args.device.startswith("cuda"):
+        warnings.append("--cpu-threads sets torch's threads on the CPU device; a GPU run does not use it")
     if args.batch_size > args.requests >= 1:
         warnings.append(f"--batch-size {args.batch_size} capped at --requests {args.requests} (more running slots "
                         "than requests would only allocate memory and capture unused graphs)")

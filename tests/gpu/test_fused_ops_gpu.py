@@ -275,10 +275,9 @@ def test_cuda_graph_capture_and_replay_of_the_fused_model() -> None:
 # -- the engine: greedy output with fused vs plain ops ---------------------------------------------------
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, setting: str, **kw: object) -> list:
-    monkeypatch.setenv(fused_ops.ENV_VAR, setting)
+def _run(setting: str, **kw: object) -> list:
     base = dict(model="tiny", draft="tiny-draft", device="cuda", dtype="bfloat16", batch_size=4, num_requests=8,
-                max_new_tokens=32, spec_steps=3, seed=0)
+                max_new_tokens=32, spec_steps=3, seed=0, fused_ops=setting)
     base.update(kw)
     return run_session(EngineConfig(**base), None, command=f"pytest fused={setting}").requests
 
@@ -308,12 +307,11 @@ def _assert_same_greedy(fused: list, plain: list, oracle: LlamaForCausalLM) -> i
 
 
 @pytest.mark.parametrize("spec_steps", [3, 0], ids=["spec", "plain-decode"])
-def test_engine_greedy_output_fused_equals_plain(monkeypatch: pytest.MonkeyPatch, spec_steps: int) -> None:
-    monkeypatch.setenv(fused_ops.ENV_VAR, "auto")
+def test_engine_greedy_output_fused_equals_plain(spec_steps: int) -> None:
     probe, _ = load_model("tiny", device=DEV, dtype=BF16)
-    assert probe.ops_name(DEV) == "flashinfer"  # what the fused run below gets
-    fused = _run(monkeypatch, "auto", spec_steps=spec_steps)
-    plain = _run(monkeypatch, "0", spec_steps=spec_steps)
+    assert probe.ops_name(DEV) == "flashinfer"  # what the fused run below gets ("auto")
+    fused = _run("auto", spec_steps=spec_steps)
+    plain = _run("plain", spec_steps=spec_steps)
     oracle, _ = load_model("tiny", device=DEV, dtype=BF16)
     oracle.set_ops("plain")
     equal = _assert_same_greedy(fused, plain, oracle)
@@ -321,9 +319,9 @@ def test_engine_greedy_output_fused_equals_plain(monkeypatch: pytest.MonkeyPatch
     assert equal >= len(plain) // 2, f"only {equal} of {len(plain)} requests equal"
 
 
-def test_engine_fused_graph_replay_equals_eager(monkeypatch: pytest.MonkeyPatch) -> None:
-    graph = _run(monkeypatch, "auto", cuda_graph=True, batch_size=6, num_requests=12)
-    eager = _run(monkeypatch, "auto", cuda_graph=False, batch_size=6, num_requests=12)
+def test_engine_fused_graph_replay_equals_eager() -> None:
+    graph = _run("auto", cuda_graph=True, batch_size=6, num_requests=12)
+    eager = _run("auto", cuda_graph=False, batch_size=6, num_requests=12)
     oracle, _ = load_model("tiny", device=DEV, dtype=BF16)
     oracle.set_ops("plain")
     assert _assert_same_greedy(graph, eager, oracle) >= len(eager) // 2

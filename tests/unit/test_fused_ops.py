@@ -14,7 +14,7 @@ from specscope.backend.engine_config import EngineConfig  # noqa: E402
 from specscope.backend.loader import load_model  # noqa: E402
 from specscope.backend.model import LlamaForCausalLM  # noqa: E402
 from specscope.backend.model_config import ModelConfig  # noqa: E402
-from specscope.backend.session import run_session  # noqa: E402
+from specscope.backend.session import open_session  # noqa: E402
 
 SMALL = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 97, "hidden_size": 64,
@@ -84,40 +84,41 @@ def run_chunks(model: LlamaForCausalLM, tokens: torch.Tensor, chunks: list[int])
 # -- op selection -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("setting", [None, "", "auto", "1", "on", "0", "off", "fused-torch"])
+@pytest.mark.parametrize("setting", ["auto", "AUTO", "1", "on", "0", "off", "plain", "fused-torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_never_gets_flashinfer(setting: str | None, dtype: torch.dtype) -> None:
+def test_cpu_never_gets_flashinfer(setting: str, dtype: torch.dtype) -> None:
     want = "fused-torch" if setting == "fused-torch" else "plain"
     assert fused_ops.choose_ops("cpu", dtype, setting, have_flashinfer=True) == want
     assert fused_ops.choose_ops("cpu", dtype, setting, have_flashinfer=False) == want
 
 
 @pytest.mark.parametrize("setting,dtype,have,want", [
-    (None, torch.bfloat16, True, "flashinfer"),
+    ("auto", torch.bfloat16, True, "flashinfer"),
     ("auto", torch.float16, True, "flashinfer"),
-    ("0", torch.bfloat16, True, "plain"),  # the A/B switch
-    ("off", torch.bfloat16, True, "plain"),
-    (None, torch.float32, True, "plain"),  # flashinfer's norm kernels take bf16/fp16 only
-    (None, torch.bfloat16, False, "plain"),  # no flashinfer installed
+    ("plain", torch.bfloat16, True, "plain"),
+    ("off", torch.bfloat16, True, "plain"),  # an alias of plain
+    ("auto", torch.float32, True, "plain"),  # flashinfer's norm kernels take bf16/fp16 only
+    ("auto", torch.bfloat16, False, "plain"),  # no flashinfer installed
     ("fused-torch", torch.bfloat16, True, "fused-torch"),
     ("flashinfer", torch.bfloat16, True, "flashinfer"),
 ])
-def test_cuda_choice(setting: str | None, dtype: torch.dtype, have: bool, want: str) -> None:
+def test_cuda_choice(setting: str, dtype: torch.dtype, have: bool, want: str) -> None:
     assert fused_ops.choose_ops("cuda", dtype, setting, have_flashinfer=have) == want
 
 
 def test_bad_settings_are_one_clear_error() -> None:
-    with pytest.raises(ValueError, match="SPECSCOPE_FUSED_OPS='fast' is not one of"):
+    with pytest.raises(ValueError, match="--fused-ops must be one of auto, plain, fused-torch, flashinfer, got 'fast'"):
         fused_ops.choose_ops("cuda", torch.bfloat16, "fast", have_flashinfer=True)
-    with pytest.raises(ValueError, match="needs a CUDA device"):
+    with pytest.raises(ValueError, match="--fused-ops flashinfer needs a CUDA device"):
         fused_ops.choose_ops("cpu", torch.bfloat16, "flashinfer", have_flashinfer=True)
-    with pytest.raises(ValueError, match="not one of"):
+    with pytest.raises(ValueError, match="--fused-ops must be one of"):
         small_model(SMALL).set_ops("fastest")
+    with pytest.raises(ValueError, match="--fused-ops must be one of"):
+        small_model(SMALL).set_ops("")
 
 
-def test_cpu_model_runs_the_plain_path_and_fuses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(fused_ops.ENV_VAR, "auto")
-    model, _ = load_model("tiny")
+def test_cpu_model_runs_the_plain_path_and_fuses_nothing() -> None:
+    model, _ = load_model("tiny")  # "auto" until a run sets its op set
     before = {k: v.clone() for k, v in model.state_dict().items()}
     tokens = torch.tensor(list(b"def main():\n    return 0\n"))
     logits = run_chunks(model, tokens, [10, 1, 4, len(tokens) - 15])
@@ -181,23 +182,27 @@ def test_set_ops_switches_back_and_forth_on_one_model() -> None:
     model = small_model(QWEN2, seed=5)
     tokens = torch.arange(9)
     plain = run_chunks(model, tokens, [9])
-    for setting in ("fused-torch", "plain", "fused-torch", None):
+    for setting in ("fused-torch", "plain", "fused-torch", "auto"):
         model.set_ops(setting)
         torch.testing.assert_close(run_chunks(model, tokens, [4, 5]), plain, rtol=1e-5, atol=2e-5)
-    assert model.ops_name("cpu") == "plain"  # None = the environment's choice, plain on the CPU
+    assert model.ops_name("cpu") == "plain"  # auto is plain on the CPU
 
 
-def test_engine_on_cpu_fused_structure_equals_plain(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real engine (TRTLLM backend, reference kernels, emulated graphs): greedy output is unchanged."""
+def test_engine_on_cpu_fused_structure_equals_plain() -> None:
+    """The real engine (TRTLLM backend, reference kernels, emulated graphs) runs the op set its config names, and
+    greedy output is the same under both."""
     cfg = dict(model="tiny", draft="tiny-draft", device="cpu", dtype="float32", batch_size=3, num_requests=4,
                max_new_tokens=16, spec_steps=3, seed=0, prompt_len=(16, 48))
-    outputs = {}
-    for setting in ("0", "fused-torch"):
-        monkeypatch.setenv(fused_ops.ENV_VAR, setting)
-        res = run_session(EngineConfig(**cfg), None, command="pytest fused")
-        outputs[setting] = {r.request_id: r.output for r in res.requests}
-    assert outputs["0"] == outputs["fused-torch"]
-    assert all(len(v) == 16 or v[-1] == 0 for v in outputs["0"].values())
+    outputs, ran = {}, {}
+    for setting in ("plain", "fused-torch"):
+        with open_session(EngineConfig(**cfg, fused_ops=setting), None, command="pytest fused") as s:
+            s.run(s.requests)
+            assert s.engine.draft is not None
+            ran[setting] = {r.model.ops_name("cpu") for r in (s.engine.target, s.engine.draft)}
+        outputs[setting] = {r.request_id: r.output for r in s.requests}
+    assert ran == {"plain": {"plain"}, "fused-torch": {"fused-torch"}}
+    assert outputs["plain"] == outputs["fused-torch"]
+    assert all(len(v) == 16 or v[-1] == 0 for v in outputs["plain"].values())
 
 
 def test_set_ops_keeps_the_op_sets_that_captured_graphs_read() -> None:

@@ -4,9 +4,7 @@ nodes) and records no later step; `eager-spans` keeps every step and its graph-s
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
@@ -24,9 +22,8 @@ CFG = dict(model="tiny", draft="tiny-draft", device="cpu", dtype="float32", batc
 
 def _record(tmp_path: Path, level: str | None) -> tuple[list, dict[int, list[str]]]:
     path = str(tmp_path / f"{level}.db")
-    with mock.patch.object(session, "Recorder", recorder_ablation.recorder_class(level)) if level else \
-            contextlib.nullcontext():
-        res = session.run_session(EngineConfig(**CFG), path, command="pytest ablation", check=False)
+    extra = {"recorder": recorder_ablation.recorder_class(level)} if level else {}
+    res = session.run_session(EngineConfig(**CFG), path, command="pytest ablation", check=False, **extra)
     with TraceReader(path) as r:
         steps = list(r.steps())
     return steps, {r.request_id: r.output for r in res.requests}
