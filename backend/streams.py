@@ -6,7 +6,6 @@ The wait methods say whether they enqueued a wait, so the engine records exactly
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import torch
@@ -75,7 +74,7 @@ def nvtx_wanted() -> bool:
     asked = user_env.get(user_env.NVTX)
     if asked is not None:
         return asked not in ("", "0")
-    return bool(os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("CUDA_INJECTION64_PATH"))
+    return user_env.profiler_attached()
 
 
 def nvtx(name: str, enabled: bool) -> contextlib.AbstractContextManager[None]:
