@@ -6,23 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from specscope.tracer.store import TraceWriter
 from specscope.ui.tui.app import SpecscopeApp
-from stepgen import make_run, make_step
+from stepgen import write_ended_trace
 from tui_fixtures import _at_root, anyio_backend, until  # noqa: F401 - fixtures
 
 NUM_STEPS = 30
 
 
 def _trace(path: Path, end: tuple[str, str] | None) -> str:
-    """A trace of NUM_STEPS steps whose writer recorded the end `(state, detail)` (None: a plain close)."""
-    w = TraceWriter(str(path), make_run())
-    for i in range(NUM_STEPS):
-        w.write_step(make_step(i))
-    if end is not None:
-        w.set_end(end[0], lost_in_flight=2, detail=end[1])
-    w.close()
-    return str(path)
+    return write_ended_trace(str(path), NUM_STEPS, end)
 
 
 def _screen_text(app: SpecscopeApp) -> str:

@@ -139,3 +139,16 @@ def child_env() -> dict[str, str]:
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": here if not path else here + os.pathsep + path}
+
+
+def write_ended_trace(path: str, num_steps: int, end: tuple[str, str] | None) -> str:
+    """A trace of `num_steps` steps whose writer recorded the end `(state, detail)` (None: a plain close)."""
+    from specscope.tracer.store import TraceWriter
+
+    w = TraceWriter(path, make_run())
+    for i in range(num_steps):
+        w.write_step(make_step(i))
+    if end is not None:
+        w.set_end(end[0], lost_in_flight=2, detail=end[1])
+    w.close()
+    return path

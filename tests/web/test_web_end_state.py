@@ -9,23 +9,15 @@ import pytest
 
 pytest.importorskip("dash")
 
-from specscope.tracer.store import TraceWriter  # noqa: E402
 from specscope.ui.web.app import create_app  # noqa: E402
-from stepgen import make_run, make_step  # noqa: E402
+from stepgen import write_ended_trace  # noqa: E402
 from test_callbacks import page, texts  # noqa: E402
 
 NUM_STEPS = 30
 
 
 def _trace(path: Path, end: tuple[str, str] | None) -> str:
-    """A trace of NUM_STEPS steps whose writer recorded the end `(state, detail)` (None: a plain close)."""
-    w = TraceWriter(str(path), make_run())
-    for i in range(NUM_STEPS):
-        w.write_step(make_step(i))
-    if end is not None:
-        w.set_end(end[0], lost_in_flight=2, detail=end[1])
-    w.close()
-    return str(path)
+    return write_ended_trace(str(path), NUM_STEPS, end)
 
 
 @pytest.mark.parametrize(("end", "label"), [
