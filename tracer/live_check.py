@@ -49,6 +49,9 @@ class LiveChecker:
         self.num_errors = 0
         self.num_warnings = 0
         self._conn = connect_rw(path, timeout=60.0)
+        # A trace written by an older specscope (schema 2.0) has no `related` column.
+        cols = [str(c[1]) for c in self._conn.execute("PRAGMA table_info(violations)")]
+        self._insert, self._insert_width = tables.violation_insert(cols)
         self._write([], replace=True)
 
     def _write(self, found: list[Violation], *, replace: bool = False) -> None:
@@ -57,7 +60,7 @@ class LiveChecker:
         try:
             if replace:
                 conn.execute("DELETE FROM violations WHERE source = ?", (SOURCE,))
-            conn.executemany(tables.INSERT_VIOLATION, [tables.violation_row(v, SOURCE) for v in found])
+            conn.executemany(self._insert, [tables.violation_row(v, SOURCE)[: self._insert_width] for v in found])
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES ('checked_through', ?)"
                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value",

@@ -25,6 +25,7 @@ from .query import QueryMixin, StepFilter
 from .schema import (
     MAGIC,
     SCHEMA_MAJOR,
+    Cell,
     EndState,
     FaultReport,
     ForwardMode,
@@ -485,18 +486,25 @@ class TraceReader(QueryMixin):
             conds.append("severity = ?")
             params.append(Severity(severity).value)
         where = (" WHERE " + " AND ".join(conds)) if conds else ""
-        # Schema 1 has no cell columns: they read as NULL.
-        cells = "array, row, col, found, expected" if self.major >= 2 else "NULL, NULL, NULL, NULL, NULL"
         with self._guard("reading violations"):
+            # Schema 1 has no cell columns and schema 2.0 no `related` column: they read as NULL.
+            have = self._violation_columns()
+            names = ("array", "row", "col", "found", "expected", "related")
+            cells = ", ".join(c if c in have else "NULL" for c in names)
             sql = f"SELECT step, check_id, severity, request_id, message, {cells} FROM violations{where}"
             rows = self._conn.execute(sql + " ORDER BY step, id", params).fetchall()
             return [
                 Violation(check_id=str(c), severity=Severity(sev), step=int(s), message=str(m),
                           request_id=None if rq is None else int(rq), array=None if a is None else str(a),
                           row=None if row is None else int(row), col=None if col is None else int(col),
-                          found=None if fo is None else str(fo), expected=None if ex is None else str(ex))
-                for s, c, sev, rq, m, a, row, col, fo, ex in rows
+                          found=None if fo is None else str(fo), expected=None if ex is None else str(ex),
+                          related=tuple(Cell.from_dict(d) for d in json.loads(rel)) if rel else ())
+                for s, c, sev, rq, m, a, row, col, fo, ex, rel in rows
             ]  # fmt: skip
+
+    def _violation_columns(self) -> set[str]:
+        # Read per call: `check --write` may run while this reader is open, but it never changes the columns.
+        return {str(r[1]) for r in self._conn.execute("PRAGMA table_info(violations)")}
 
     def violation_sources(self) -> dict[str, int]:
         """Number of violations per source (`recorder`, `check`, ...)."""

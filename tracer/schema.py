@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 SCHEMA_MAJOR = 2
-SCHEMA_MINOR = 0
+SCHEMA_MINOR = 1  # 2.1: violations carry the other facts of their relation (`related`)
 SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
 MAGIC = "specscope-trace"
 
@@ -196,6 +196,26 @@ class CallError:
 
 
 @dataclass(frozen=True)
+class Cell:
+    """One recorded value a violation names besides its own cell: the other side of the relation it checks."""
+
+    array: str  # as in Violation.array: a Step.arrays name, a scalar name, or a request field
+    row: int | None = None
+    col: int | None = None
+    value: str | None = None  # the value recorded there, as text
+    step: int | None = None  # the step it was recorded at, when not the violation's own step (e.g. the capture)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form, without the unset fields."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Cell:
+        """Inverse of `to_dict`."""
+        return cls(**_known(cls, d))
+
+
+@dataclass(frozen=True)
 class Violation:
     """One invariant that a step broke."""
 
@@ -212,11 +232,18 @@ class Violation:
     col: int | None = None
     found: str | None = None
     expected: str | None = None
+    # The other facts the relation ties this cell to, each where it was recorded with its value (e.g. the request
+    # row's slot that a page-table cell disagrees with), so a viewer can mark both sides. Empty for single facts.
+    related: tuple[Cell, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form."""
+        """Plain-JSON form (`related` only when there is one)."""
         d = dataclasses.asdict(self)
         d["severity"] = self.severity.value
+        if self.related:
+            d["related"] = [c.to_dict() for c in self.related]
+        else:
+            del d["related"]
         return d
 
     @classmethod
@@ -224,7 +251,13 @@ class Violation:
         """Inverse of `to_dict`."""
         k = _known(cls, d)
         k["severity"] = Severity(k["severity"])
+        k["related"] = tuple(Cell.from_dict(c) for c in k.get("related") or ())
         return cls(**k)
+
+    def cells(self) -> list[Cell]:
+        """Every recorded cell this violation names: its own (value = found) first, then the related ones."""
+        own = [Cell(self.array, self.row, self.col, self.found)] if self.array is not None else []
+        return own + list(self.related)
 
 
 @dataclass(frozen=True)

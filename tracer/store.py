@@ -34,14 +34,13 @@ def append_violations(
     path = os.fspath(path)
     rows = [tables.violation_row(v, source) for v in violations]
     with TraceReader(path) as r:  # validates: a specscope trace this version can read
-        major, closed = r.major, r.is_closed()
-    sql = tables.INSERT_VIOLATION
-    if major < 2:  # schema 1 has no cell columns
-        sql = "INSERT INTO violations (step, check_id, severity, request_id, message, source) VALUES (?, ?, ?, ?, ?, ?)"
-        rows = [row[:6] for row in rows]
+        closed = r.is_closed()
     try:
         conn = connect_rw(path)
         try:
+            # Older traces lack some cell columns (schema 1 all of them, 2.0 `related`): write what they hold.
+            sql, n = tables.violation_insert([str(c[1]) for c in conn.execute("PRAGMA table_info(violations)")])
+            rows = [row[:n] for row in rows]
             conn.execute("BEGIN IMMEDIATE")
             if replace:
                 conn.execute("DELETE FROM violations WHERE source = ?", (source,))

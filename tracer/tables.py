@@ -93,7 +93,8 @@ CREATE TABLE violations (
     row INTEGER,
     col INTEGER,
     found TEXT,
-    expected TEXT
+    expected TEXT,
+    related TEXT
 );
 CREATE INDEX violations_step ON violations (step, severity);
 CREATE INDEX violations_check ON violations (check_id, step);
@@ -137,7 +138,10 @@ STEP_COLUMNS = HEADER_COLUMNS + ("num_query_tokens", "num_drafted_tokens", "acce
 INSERT_STEP = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
 VIOLATION_COLUMNS = (
     "step", "check_id", "severity", "request_id", "message", "source", "array", "row", "col", "found", "expected",
+    "related",
 )  # fmt: skip
+# Traces of schema 2.0 have no `related` column; schema 1 has no cell columns at all.
+VIOLATION_COLUMNS_2_0 = VIOLATION_COLUMNS[:-1]
 INSERT_VIOLATION = (
     f"INSERT INTO violations ({', '.join(VIOLATION_COLUMNS)}) VALUES ({', '.join('?' * len(VIOLATION_COLUMNS))})"
 )
@@ -627,7 +631,19 @@ def violation_row(v: Violation, source: str) -> tuple[Any, ...]:
         str(v.message), source, None if v.array is None else str(v.array), None if v.row is None else int(v.row),
         None if v.col is None else int(v.col), None if v.found is None else str(v.found),
         None if v.expected is None else str(v.expected),
+        json.dumps([c.to_dict() for c in v.related], separators=(",", ":")) if v.related else None,
     )  # fmt: skip
+
+
+def violation_insert(columns: Sequence[str]) -> tuple[str, int]:
+    """The INSERT for a `violations` table with these columns (older traces lack some), and how many of
+    `violation_row`'s leading values it takes."""
+    have = set(columns)
+    cols = [c for c in VIOLATION_COLUMNS if c in have]
+    n = len(cols)
+    if cols != list(VIOLATION_COLUMNS[:n]):
+        raise ValueError(f"unexpected violations columns: {sorted(have)}")
+    return f"INSERT INTO violations ({', '.join(cols)}) VALUES ({', '.join('?' * n)})", n
 
 
 def violation_dict_row(d: dict[str, Any], source: str) -> tuple[Any, ...]:

@@ -14,6 +14,7 @@ from specscope.tracer.schema import (
     MAGIC,
     SCHEMA_VERSION,
     ArraySnapshot,
+    Cell,
     ForwardMode,
     GraphPhase,
     RequestRecord,
@@ -149,6 +150,26 @@ def test_checker_violations_append_and_replace(small_trace: str) -> None:
         assert len(r.violations(source="recorder")) == sum(len(make_step(i).violations) for i in range(12))
         assert r.step(5).violations == make_step(5).violations  # the step body keeps only recorded ones
         assert r.count_violations_by_id()["I4"] == 1
+
+
+def test_violation_relations_round_trip_and_older_tables_take_what_they_hold(small_trace: str) -> None:
+    related = (Cell("req_pool_indices", 1, None, "7"), Cell("cache_seqlens", 1, None, "40", step=3))
+    v = Violation("I40", Severity.ERROR, 4, "step 4: page_table[1][2] = 9, owned by request 1002", 1001,
+                  "page_table", 1, 2, "9", "12", related)
+    assert Violation.from_dict(v.to_dict()) == v
+    assert "related" not in dataclasses.replace(v, related=()).to_dict()  # single facts keep their old JSON
+    assert v.cells()[0] == Cell("page_table", 1, 2, "9") and v.cells()[1:] == list(related)
+    assert append_violations(small_trace, [v]) == 1
+    with TraceReader(small_trace) as r:
+        assert r.violations(check_id="I40") == [v]
+    # A trace written before the `related` column existed takes the violation without it.
+    conn = sqlite3.connect(small_trace)
+    conn.execute("ALTER TABLE violations DROP COLUMN related")
+    conn.commit()
+    conn.close()
+    assert append_violations(small_trace, [v], replace=True) == 1
+    with TraceReader(small_trace) as r:
+        assert r.violations(check_id="I40") == [dataclasses.replace(v, related=())]
 
 
 def test_writer_refuses_existing_file_unless_overwrite(tmp_path: os.PathLike[str]) -> None:
