@@ -348,6 +348,53 @@ def violation_cell(v: Violation) -> tuple[str, int | None, int | None] | None:
     return v.array, v.row, v.col
 
 
+@dataclass(frozen=True)
+class CellMark:
+    """One recorded cell a violation names, as a viewer marks it in place: found vs expected, readable as text."""
+
+    check_id: str
+    severity: str  # "error" or "warning"
+    array: str  # a Step.arrays name, a scalar (e.g. "max_seq_len_q") or a request field (e.g. "accept_length")
+    row: int | None
+    col: int | None
+    found: str | None  # the value recorded in this cell
+    expected: str | None  # what the invariant expected here (None on the related side of a relation)
+    is_related: bool  # the other side of the relation (the cell this one disagrees with), not the wrong value
+    message: str
+
+    @property
+    def text(self) -> str:
+        """`I7: 4, expected 2` (or `I40: 7 (related)`), without colour."""
+        if self.is_related:
+            return f"{self.check_id}: {self.found} (related)"
+        if self.expected is not None:
+            return f"{self.check_id}: {self.found}, expected {self.expected}"
+        return f"{self.check_id}: {self.found}"
+
+
+def violation_marks(violations: Iterable[Violation], step: int | None = None) -> list[CellMark]:
+    """Every cell the violations name (each violation's own cell, then the facts it is related to), in the order
+    given; with `step`, only cells recorded at that step (a related fact may live at another, e.g. its capture)."""
+    out: list[CellMark] = []
+    for v in violations:
+        for i, c in enumerate(v.cells()):
+            at = v.step if c.step is None else c.step
+            if step is not None and at != step:
+                continue
+            own = i == 0 and v.array is not None
+            out.append(CellMark(v.check_id, v.severity.value, c.array, c.row, c.col, c.value,
+                                v.expected if own else None, not own, v.message))
+    return out
+
+
+def marks_by_cell(marks: Iterable[CellMark]) -> dict[tuple[str, int | None, int | None], list[CellMark]]:
+    """Marks keyed by (array, row, col), for a viewer that looks each cell up as it draws it."""
+    out: dict[tuple[str, int | None, int | None], list[CellMark]] = {}
+    for m in marks:
+        out.setdefault((m.array, m.row, m.col), []).append(m)
+    return out
+
+
 # -- acceptance ------------------------------------------------------------------------------------------
 
 

@@ -108,3 +108,19 @@ def test_step_detail_names_the_capture_of_a_replay() -> None:
     rows = dict(views.step_detail(s, capture=1))
     assert rows["graph"] == "replay (capture step 1)" and "T ≠ K" in rows["tokens"]
     assert rows["bs / padded"].startswith("3 / 4")
+
+
+def test_violation_marks_name_the_wrong_cell_and_its_relation() -> None:
+    from specscope.tracer.schema import Cell, Severity, Violation
+    from specscope.ui.views import marks_by_cell, violation_marks
+
+    scalar = Violation("I7", Severity.ERROR, 5, "max_seq_len_q 4 != T 2", None, "max_seq_len_q", None, None, "4", "2")
+    rel = Violation("I40", Severity.ERROR, 5, "slot shared", 1002, "page_table", 1, 2, "9", "12",
+                    (Cell("page_table", 0, 3, "9"), Cell("page_table", 0, 3, "9", step=2)))
+    bare = Violation("I28", Severity.WARNING, 5, "no cell", None)
+    marks = violation_marks([scalar, rel, bare], step=5)
+    assert [(m.array, m.row, m.col, m.is_related) for m in marks] == [
+        ("max_seq_len_q", None, None, False), ("page_table", 1, 2, False), ("page_table", 0, 3, True)]
+    assert marks[0].text == "I7: 4, expected 2" and marks[2].text == "I40: 9 (related)"
+    assert len(violation_marks([rel])) == 3  # without a step filter the capture-side fact is listed too
+    assert list(marks_by_cell(marks)) == [("max_seq_len_q", None, None), ("page_table", 1, 2), ("page_table", 0, 3)]
