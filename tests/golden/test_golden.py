@@ -145,12 +145,18 @@ def _json_or_text(text: str) -> Any:
 _ROUNDING = 1e-5  # differences of fp32 rounding: their last bits follow the reduction order torch's threads pick
 
 
+def _blur(v: float) -> float | str:
+    # Below _ROUNDING a difference is rounding noise; above it, its magnitude is the fact and its 4th and later
+    # digits still follow the reduction order (one CPU's vector width against another's), so 3 digits are kept.
+    return "<1e-5" if abs(v) < _ROUNDING else float(f"{v:.3g}")
+
+
 def _rounding_blurred(value: Any) -> Any:
-    """A replay's report with every difference below _ROUNDING shown as such (agreement is kept exactly, the
-    rounding noise of an agreeing kernel is not); a real disagreement keeps its numbers."""
+    """A replay's report with every difference below _ROUNDING shown as such and the rest to 3 significant digits
+    (agreement is kept exactly, the rounding noise of a kernel is not); a real disagreement keeps its magnitude."""
     if isinstance(value, dict):
-        return {k: ("<1e-5" if k in ("max_abs", "rel") and isinstance(v, float) and abs(v) < _ROUNDING
-                    else _rounding_blurred(v)) for k, v in value.items()}
+        return {k: (_blur(v) if k in ("max_abs", "rel") and isinstance(v, float) else _rounding_blurred(v))
+                for k, v in value.items()}
     if isinstance(value, list):
         return [_rounding_blurred(v) for v in value]
     return value
