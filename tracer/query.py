@@ -89,6 +89,53 @@ class StepFilter:
         return cls(condition=t)
 
 
+@dataclass(frozen=True)
+class ViolationFilter:
+    """Which violations a list wants; every field that is set must hold (AND). Steps are indexes, [start, stop)."""
+
+    check_ids: tuple[str, ...] = ()  # any of these invariants (empty: all)
+    severity: str | None = None
+    mode: str | None = None  # the forward mode of the violation's step
+    request_id: int | None = None
+    start: int | None = None
+    stop: int | None = None
+    text: str | None = None  # a case-insensitive substring of the message
+
+
+@dataclass(frozen=True)
+class StepBins:
+    """Summary rows aggregated per bin of step indexes (`TraceReader.step_bins`): numpy arrays, one entry per
+    non-empty (bin, mode) pair for the duration fields and one per non-empty bin for the others."""
+
+    edges: Any  # int64 [bins + 1]: bin b holds steps edges[b] <= index < edges[b + 1]
+    mode_bin: Any  # int64: the bin of each (bin, mode) row
+    mode: Any  # str: its forward mode
+    count: Any  # int64: steps of that mode in the bin
+    dur_min_ns: Any  # int64
+    dur_max_ns: Any  # int64
+    dur_mean_ns: Any  # float64
+    bin: Any  # int64: the bins with steps, for the fields below
+    steps: Any  # int64
+    bs_min: Any  # int64
+    bs_max: Any  # int64
+    captures: Any  # int64: capture steps in the bin
+    replays: Any  # int64
+    errors: Any  # int64: error violations of the bin's steps
+    warnings: Any  # int64
+
+
+@dataclass(frozen=True)
+class SpanBins:
+    """Stream spans aggregated per bin of step indexes (`TraceReader.span_bins`), one entry per (bin, stream)."""
+
+    edges: Any  # int64 [bins + 1], as in StepBins
+    bin: Any  # int64
+    stream: Any  # str
+    count: Any  # int64: spans
+    busy_ns: Any  # int64: summed span durations (spans of one stream within a step do not overlap)
+    max_ns: Any  # int64: the longest span
+
+
 def _condition_error(msg: str) -> Exception:
     from .condition import ConditionError
 
@@ -434,4 +481,4 @@ def severity_of(name: str) -> Severity:
     return Severity(name)
 
 
-__all__ = ["QueryMixin", "StepFilter", "StepIndex", "index_runs", "index_runs_text", "summary_fields", "replace"]
+__all__ = ["QueryMixin", "SpanBins", "StepBins", "StepFilter", "StepIndex", "ViolationFilter", "index_runs", "index_runs_text", "summary_fields", "replace"]

@@ -21,7 +21,7 @@ import zstandard
 
 from . import codec, tables
 from .errors import TraceError, TraceIndexError
-from .query import QueryMixin, StepFilter
+from .query import QueryMixin, SpanBins, StepBins, StepFilter, ViolationFilter
 from .schema import (
     MAGIC,
     SCHEMA_MAJOR,
@@ -480,19 +480,82 @@ class TraceReader(QueryMixin):
         conds, params = [], []
         for col, val in (("step", step), ("check_id", check_id), ("source", source)):
             if val is not None:
-                conds.append(f"{col} = ?")
+                conds.append(f"v.{col} = ?")
                 params.append(val)
         if severity is not None:
-            conds.append("severity = ?")
+            conds.append("v.severity = ?")
             params.append(Severity(severity).value)
         where = (" WHERE " + " AND ".join(conds)) if conds else ""
+        return self._read_violations(where, params, " ORDER BY v.step, v.id")
+
+    def violations_page(self, filter: ViolationFilter | None = None, offset: int = 0,
+                        limit: int | None = 100) -> list[Violation]:
+        """The violations matching `filter`, by step (then as stored), from the `offset`-th on, at most `limit`
+        (None: all): a viewer lists any page of them without reading the rest."""
+        where, params = self._violation_where(filter or ViolationFilter())
+        page = "" if limit is None else f" LIMIT {max(0, int(limit))} OFFSET {max(0, int(offset))}"
+        return self._read_violations(where, params, " ORDER BY v.step, v.id" + page)
+
+    def count_violations(self, filter: ViolationFilter | None = None) -> int:
+        """How many violations match `filter` (one SQL count)."""
+        where, params = self._violation_where(filter or ViolationFilter())
+        join = " JOIN steps s ON s.idx = v.step" if "s.mode" in where else ""
+        with self._guard("counting violations"):
+            return int(self._conn.execute(f"SELECT count(*) FROM violations v{join}{where}", params).fetchone()[0])
+
+    def violation_position(self, filter: ViolationFilter | None, step: int, check_id: str) -> int | None:
+        """The offset in `violations_page(filter)` of the first violation of `check_id` at `step` (None: none)."""
+        f = filter or ViolationFilter()
+        where, params = self._violation_where(f)
+        join = " JOIN steps s ON s.idx = v.step" if "s.mode" in where else ""
+        with self._guard("finding a violation"):
+            first = self._conn.execute(f"SELECT min(v.id) FROM violations v{join}{where}"
+                                       f"{' AND' if where else ' WHERE'} v.step = ? AND v.check_id = ?",
+                                       [*params, int(step), str(check_id)]).fetchone()[0]
+            if first is None:
+                return None
+            cond = "(v.step < ? OR (v.step = ? AND v.id < ?))"
+            sql = f"SELECT count(*) FROM violations v{join}{where}{' AND' if where else ' WHERE'} {cond}"
+            return int(self._conn.execute(sql, [*params, int(step), int(step), int(first)]).fetchone()[0])
+
+    @staticmethod
+    def _violation_where(f: ViolationFilter) -> tuple[str, list[Any]]:
+        conds: list[str] = []
+        params: list[Any] = []
+        if f.check_ids:
+            conds.append(f"v.check_id IN ({', '.join('?' * len(f.check_ids))})")
+            params += [str(c) for c in f.check_ids]
+        if f.severity is not None:
+            conds.append("v.severity = ?")
+            params.append(Severity(f.severity).value)
+        if f.mode is not None:
+            conds.append("s.mode = ?")
+            params.append(ForwardMode(f.mode).value)
+        if f.request_id is not None:
+            conds.append("v.request_id = ?")
+            params.append(int(f.request_id))
+        if f.start is not None:
+            conds.append("v.step >= ?")
+            params.append(int(f.start))
+        if f.stop is not None:
+            conds.append("v.step < ?")
+            params.append(int(f.stop))
+        if f.text:
+            # LIKE is case-insensitive for ASCII; its wildcards in the text are matched literally.
+            esc = f.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            conds.append("v.message LIKE ? ESCAPE '\\'")
+            params.append(f"%{esc}%")
+        return (" WHERE " + " AND ".join(conds)) if conds else "", params
+
+    def _read_violations(self, where: str, params: list[Any], tail: str) -> list[Violation]:
+        join = " JOIN steps s ON s.idx = v.step" if "s.mode" in where else ""
         with self._guard("reading violations"):
             # Schema 1 has no cell columns and schema 2.0 no `related` column: they read as NULL.
             have = self._violation_columns()
             names = ("array", "row", "col", "found", "expected", "related")
-            cells = ", ".join(c if c in have else "NULL" for c in names)
-            sql = f"SELECT step, check_id, severity, request_id, message, {cells} FROM violations{where}"
-            rows = self._conn.execute(sql + " ORDER BY step, id", params).fetchall()
+            cells = ", ".join(f"v.{c}" if c in have else "NULL" for c in names)
+            sql = f"SELECT v.step, v.check_id, v.severity, v.request_id, v.message, {cells} FROM violations v"
+            rows = self._conn.execute(sql + join + where + tail, params).fetchall()
             return [
                 Violation(check_id=str(c), severity=Severity(sev), step=int(s), message=str(m),
                           request_id=None if rq is None else int(rq), array=None if a is None else str(a),
@@ -501,6 +564,108 @@ class TraceReader(QueryMixin):
                           related=tuple(Cell.from_dict(d) for d in json.loads(rel)) if rel else ())
                 for s, c, sev, rq, m, a, row, col, fo, ex, rel in rows
             ]  # fmt: skip
+
+    @staticmethod
+    def _bin_edges(start: int, stop: int, bins: int) -> tuple[int, np.ndarray]:
+        n = max(1, stop - start)
+        bins = max(1, min(int(bins), n))
+        b = np.arange(bins + 1, dtype=np.int64)
+        return bins, start + (b * n + bins - 1) // bins  # bin(idx) = (idx - start) * bins // n
+
+    def step_bins(self, start: int, stop: int, bins: int) -> StepBins:
+        """The summary rows of steps [start, stop) in `bins` equal bins of indexes, aggregated in SQL: per bin and
+        mode the count and min / max / mean host duration, per bin the batch-size range, capture and replay counts
+        and the violations of its steps. A 100k-step trace in a few hundred ms, no step body read."""
+        start, stop = int(start), max(int(start) + 1, int(stop))
+        nb, edges = self._bin_edges(start, stop, bins)
+        span = stop - start
+        b = f"((idx - {start}) * {nb}) / {span}"
+        with self._guard("binning step summaries"):
+            modes = self._conn.execute(
+                f"SELECT {b} AS b, mode, count(*), min(end_ns - start_ns), max(end_ns - start_ns),"
+                " avg(end_ns - start_ns) FROM steps WHERE idx >= ? AND idx < ? GROUP BY b, mode ORDER BY b, mode",
+                (start, stop)).fetchall()  # fmt: skip
+            per = self._conn.execute(
+                f"SELECT {b} AS b, count(*), min(batch_size), max(batch_size), total(graph = 'capture'),"
+                " total(graph = 'replay') FROM steps WHERE idx >= ? AND idx < ? GROUP BY b ORDER BY b",
+                (start, stop)).fetchall()  # fmt: skip
+            vb = b.replace("idx", "step")
+            viol = self._conn.execute(
+                f"SELECT {vb} AS b, severity, count(*) FROM violations WHERE step >= ? AND step < ?"
+                " GROUP BY b, severity", (start, stop)).fetchall()  # fmt: skip
+
+        def col(rows: list[Any], k: int, dtype: Any = np.int64) -> np.ndarray:
+            return np.array([r[k] for r in rows], dtype=dtype)
+
+        pb = col(per, 0)
+        err, warn = np.zeros(len(pb), np.int64), np.zeros(len(pb), np.int64)
+        where = {int(x): k for k, x in enumerate(pb)}
+        for bb, sev, n in viol:
+            k = where.get(int(bb))
+            if k is not None:
+                (err if sev == Severity.ERROR.value else warn)[k] += int(n)
+        return StepBins(edges=edges, mode_bin=col(modes, 0), mode=col(modes, 1, object).astype(str),
+                        count=col(modes, 2), dur_min_ns=col(modes, 3), dur_max_ns=col(modes, 4),
+                        dur_mean_ns=col(modes, 5, np.float64), bin=pb, steps=col(per, 1), bs_min=col(per, 2),
+                        bs_max=col(per, 3), captures=col(per, 4), replays=col(per, 5), errors=err, warnings=warn)
+
+    def span_bins(self, start: int, stop: int, bins: int) -> SpanBins:
+        """The stream spans of steps [start, stop) aggregated per bin of step indexes and stream, in SQL: span
+        count, summed and longest duration (for windows too wide to draw span by span)."""
+        start, stop = int(start), max(int(start) + 1, int(stop))
+        nb, edges = self._bin_edges(start, stop, bins)
+        if self.major < 2:
+            rows: list[Any] = []
+            acc: dict[tuple[int, str], list[int]] = {}
+            for sp in self._q_spans_v1(None, None, (start, stop)):
+                a = acc.setdefault(((sp.step - start) * nb // (stop - start), sp.stream), [0, 0, 0])
+                d = sp.end_ns - sp.start_ns
+                a[0], a[1], a[2] = a[0] + 1, a[1] + d, max(a[2], d)
+            rows = [(k[0], k[1], *v) for k, v in sorted(acc.items())]
+        else:
+            with self._guard("binning spans"):
+                rows = self._conn.execute(
+                    f"SELECT ((step - {start}) * {nb}) / {stop - start} AS b, stream, count(*), total(end_ns - start_ns),"
+                    " max(end_ns - start_ns) FROM spans WHERE step >= ? AND step < ? GROUP BY b, stream ORDER BY b",
+                    (start, stop)).fetchall()  # fmt: skip
+        return SpanBins(edges=edges, bin=np.array([r[0] for r in rows], np.int64),
+                        stream=np.array([str(r[1]) for r in rows], dtype=str),
+                        count=np.array([r[2] for r in rows], np.int64),
+                        busy_ns=np.array([r[3] for r in rows], np.float64).astype(np.int64),
+                        max_ns=np.array([r[4] for r in rows], np.int64))
+
+    def accept_lengths_by_request(self, start: int = 0, stop: int | None = None) -> dict[int, tuple[int, int]]:
+        """Request id -> (verify rows, summed accept length) over the TARGET_VERIFY steps in [start, stop), from
+        the per-step request rows (no step body is read)."""
+        hi = (2**63 - 1) if stop is None else int(stop)
+        out: dict[int, list[int]] = {}
+        if self.major < 2:
+            for st in self._steps(int(start), stop, keep=set()):
+                if st.mode == ForwardMode.TARGET_VERIFY:
+                    for r in st.requests:
+                        if r.accept_length > 0:
+                            a = out.setdefault(r.request_id, [0, 0])
+                            a[0], a[1] = a[0] + 1, a[1] + r.accept_length
+            return {k: (v[0], v[1]) for k, v in out.items()}
+        acc_row = tables.STEP_REQUEST_FIELDS.index("accept_length")
+        with self._guard("reading accept lengths"):
+            rows = self._conn.execute(
+                "SELECT r.num_requests, r.id_bytes, r.request_ids, r.data FROM step_requests r JOIN steps s"
+                " ON s.idx = r.step WHERE r.step >= ? AND r.step < ? AND s.mode = 'TARGET_VERIFY'",
+                (int(start), hi)).fetchall()  # fmt: skip
+            ids_all, acc_all = [], []
+            for n, w, ids, data in rows:
+                ids_all.append(np.frombuffer(ids, "<i4" if w == 4 else "<i8").astype(np.int64))
+                acc_all.append(tables.decode_request_data(data, int(n))[acc_row].astype(np.int64))
+        if not ids_all:
+            return {}
+        ids_v, acc_v = np.concatenate(ids_all), np.concatenate(acc_all)
+        keep = acc_v > 0
+        ids_v, acc_v = ids_v[keep], acc_v[keep]
+        uniq, inv = np.unique(ids_v, return_inverse=True)
+        counts = np.bincount(inv, minlength=len(uniq))
+        sums = np.bincount(inv, weights=acc_v, minlength=len(uniq))
+        return {int(k): (int(c), int(t)) for k, c, t in zip(uniq, counts, sums, strict=True)}
 
     def _violation_columns(self) -> set[str]:
         # Read per call: `check --write` may run while this reader is open, but it never changes the columns.

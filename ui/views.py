@@ -75,9 +75,9 @@ def step_detail(s: Step | StepSummary, *, capture: int | None = None, kernel: st
     graph = s.graph.value
     if s.graph == GraphPhase.REPLAY:
         graph += f" (capture step {capture})" if capture is not None else " (capture not in trace)"
+    # T differing from K is a healthy configuration (adaptive speculation); whether a value is wrong is for the
+    # checks to say, and the viewers mark the cells their violations name.
     tk = f"T {s.tokens_per_request} / K {s.num_draft_tokens}"
-    if s.mode == ForwardMode.TARGET_VERIFY and s.tokens_per_request != s.num_draft_tokens:
-        tk += "  (T ≠ K)"
     rows = [
         ("step", str(s.index)),
         ("iteration", str(s.iteration)),
@@ -393,6 +393,33 @@ def marks_by_cell(marks: Iterable[CellMark]) -> dict[tuple[str, int | None, int 
     for m in marks:
         out.setdefault((m.array, m.row, m.col), []).append(m)
     return out
+
+
+# A scalar the recorder derives from another: `kernel_q_len` is the `max_seq_len_q` the kernel ran with (the value a
+# graph froze at capture, on a replay). A mark on it also marks its source where the two values agree, so the field
+# a bug is about (max_seq_len_q, overwritten by a graph's cached K) is marked where a viewer shows it.
+DERIVED_FROM: dict[str, tuple[str, ...]] = {"kernel_q_len": ("max_seq_len_q", "captured_max_seq_len_q")}
+
+
+def step_marks(violations: Iterable[Violation], step: Step | StepSummary) -> list[CellMark]:
+    """`violation_marks(violations, step=step.index)`, plus each marked derived scalar's source (DERIVED_FROM) where
+    its recorded value is the one found: what a step page marks."""
+    out: list[CellMark] = []
+    for mk in violation_marks(violations, step=step.index):
+        out.append(mk)
+        for src in DERIVED_FROM.get(mk.array, ()):
+            if src == "captured_max_seq_len_q" and step.graph != GraphPhase.REPLAY:
+                continue
+            if mk.found is not None and src in step.scalars and str(step.scalars[src]) == mk.found:
+                out.append(CellMark(mk.check_id, mk.severity, src, mk.row, mk.col, mk.found, mk.expected,
+                                    mk.is_related, mk.message))
+    return out
+
+
+def cell_name(array: str, row: int | None, col: int | None) -> str:
+    """`page_table[0, 3]`, `cache_seqlens[2]`, `max_seq_len_q`: a cell as the checks' messages write it."""
+    idx = [str(x) for x in (row, col) if x is not None]
+    return f"{array}[{', '.join(idx)}]" if idx else array
 
 
 # -- acceptance ------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 
@@ -106,7 +107,8 @@ def test_step_detail_names_the_capture_of_a_replay() -> None:
     s = StepSummary(5, 1, ForwardMode.TARGET_VERIFY, "target", None, 3, 4, GraphPhase.REPLAY, 2, 4, 16, 0, 2000,
                     0, 0, {"max_seq_len_q": 4, "kernel_q_len": 4})
     rows = dict(views.step_detail(s, capture=1))
-    assert rows["graph"] == "replay (capture step 1)" and "T ≠ K" in rows["tokens"]
+    assert rows["graph"] == "replay (capture step 1)"
+    assert rows["tokens"] == "T 2 / K 4"  # T ≠ K is healthy: only a check marks a value as wrong
     assert rows["bs / padded"].startswith("3 / 4")
 
 
@@ -124,3 +126,19 @@ def test_violation_marks_name_the_wrong_cell_and_its_relation() -> None:
     assert marks[0].text == "I7: 4, expected 2" and marks[2].text == "I40: 9 (related)"
     assert len(violation_marks([rel])) == 3  # without a step filter the capture-side fact is listed too
     assert list(marks_by_cell(marks)) == [("max_seq_len_q", None, None), ("page_table", 1, 2), ("page_table", 0, 3)]
+
+
+def test_step_marks_mark_the_source_of_a_derived_scalar() -> None:
+    from specscope.tracer.schema import Severity, Violation
+
+    s = StepSummary(0, -1, ForwardMode.TARGET_VERIFY, "target", None, 1, 1, GraphPhase.CAPTURE, 2, 4, 16, 0, 10,
+                    0, 0, {"max_seq_len_q": 4, "kernel_q_len": 4, "captured_max_seq_len_q": 4})
+    v = Violation("I6", Severity.ERROR, 0, "kernel q_len_per_req = 4 but T = 2", None, "kernel_q_len", None, None,
+                  "4", "2")
+    marks = views.step_marks([v], s)
+    # kernel_q_len's source, max_seq_len_q, holds the same 4: marked too; the captured value only on a replay
+    assert [(m.array, m.text) for m in marks] == [("kernel_q_len", "I6: 4, expected 2"),
+                                                  ("max_seq_len_q", "I6: 4, expected 2")]
+    other = dataclasses.replace(s, scalars={"max_seq_len_q": 2, "kernel_q_len": 4})
+    assert [m.array for m in views.step_marks([v], other)] == ["kernel_q_len"]
+    assert views.cell_name("page_table", 0, 3) == "page_table[0, 3]" and views.cell_name("bs", None, None) == "bs"
