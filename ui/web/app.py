@@ -56,16 +56,28 @@ main{padding:8px 16px} h2{margin:8px 0} h3{margin:12px 0 6px;font-size:15px}
 .tok.bonus{background:#bbdefb} .cell-detail{margin:4px 0;font-size:13px}
 .error-panel{padding:16px;border:1px solid #e57373;background:#ffebee;margin:16px 0}
 .slider{margin:4px 24px 12px} .viol-group summary{cursor:pointer;font-weight:600;margin:6px 0}
-.viol-group li{font-size:13px;margin:2px 0} #step-violations{font-size:13px;padding-left:18px}
+.viol-group li{font-size:13px;margin:2px 0} #step-violations{font-size:13px;padding-left:22px;margin:4px 0}
+.viol-list li{margin:2px 0;padding:1px 4px} .viol-list li.cur{background:#fff59d;outline:2px solid #f9a825}
+.sev-error{color:#b71c1c;font-weight:600} .sev-warning{color:#e65100;font-weight:600}
+.mk{color:#b71c1c;font-weight:700;white-space:nowrap} .mk.rel{color:#1a47c7;font-weight:600}
+tr.marked th,tr.marked td{background:#ffebee} .mkcell{outline:2px solid #d50000;font-weight:700;background:#ffebee}
+.mkcell.rel{outline:2px dashed #2962ff;background:#e3f2fd} .text-table .mkrow{background:#fff3f3}
+.tbl.marks td{font-family:ui-monospace,monospace} .mkchip{border:2px solid #d50000;background:#fff}
+.filters{display:flex;flex-wrap:wrap;gap:10px 18px;align-items:center;margin:6px 0;font-size:13px}
+.filters input[type=text],.filters input[type=number]{width:90px;padding:2px 4px} .filters .wide{width:220px}
+.filters label{margin-right:6px} .pager{display:flex;gap:10px;align-items:center;margin:6px 0}
+.range-boxes{display:flex;gap:8px;align-items:center;font-size:13px;margin:0 24px}
+.range-boxes input{width:90px}
 """
 
-# Arrow keys step through the explorer by clicking its prev / next links (ignored while typing in a field).
+# Arrow keys step through the explorer and n / N walk its violations, by clicking the page's links (ignored while
+# typing in a field).
 KEYS_JS = """
 document.addEventListener('keydown', function (e) {
   var t = e.target; if (t && (t.tagName === 'INPUT' || t.tagName === 'TEXTAREA' || t.isContentEditable)) return;
   if (e.altKey || e.ctrlKey || e.metaKey) return;
-  var id = e.key === 'ArrowLeft' || e.key === '[' ? 'step-prev' : (e.key === 'ArrowRight' || e.key === ']' ?
-           'step-next' : null);
+  var id = {ArrowLeft: 'step-prev', '[': 'step-prev', ArrowRight: 'step-next', ']': 'step-next',
+            n: 'viol-next', N: 'viol-prev'}[e.key] || null;
   if (!id) return; var a = document.getElementById(id);
   if (a && !a.classList.contains('disabled')) { e.preventDefault(); a.click(); }
 });

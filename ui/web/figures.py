@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from specscope.tracer.schema import SpanRow
-from specscope.ui.views import SYMBOLS, AcceptanceStats, CellKind, PageCell, PageGrid, bin_columns
+from specscope.ui.views import SYMBOLS, AcceptanceStats, CellKind, CellMark, PageCell, PageGrid, bin_columns
 
 from .models import GroupRow, Series, StepStreams
 
@@ -180,7 +180,8 @@ def _hover(c: PageCell) -> str:
     return text
 
 
-def heatmap_figure(grid: PageGrid, highlight: tuple[int, int | None] | None = None) -> Figure:
+def heatmap_figure(grid: PageGrid, highlight: tuple[int, int | None] | None = None,
+                   marks: Sequence[CellMark] = ()) -> Figure:
     """The page table, request (row) × logical page (column), coloured by cell kind with its symbol; hover
     shows the physical page, token range and owner. `highlight` (row, col or None) is outlined.
 
@@ -218,18 +219,36 @@ def heatmap_figure(grid: PageGrid, highlight: tuple[int, int | None] | None = No
     if not binned and grid.num_cols <= 48 and rows <= 64:  # cells big enough to print page number and symbol
         trace["text"] = text
         trace["texttemplate"] = "%{text}"
+    per = max(1, -(-grid.num_cols // MAX_HEATMAP_COLS)) if binned else 1  # logical pages per shown column
+
+    def box(r: int, c: int | None, line: dict[str, Any]) -> dict[str, Any]:
+        x0, x1 = (-0.5, width - 0.5) if c is None else (c // per - 0.5, c // per + 0.5)
+        return {"type": "rect", "xref": "x", "yref": "y", "x0": x0, "x1": x1, "y0": r - 0.5, "y1": r + 0.5,
+                "line": line}
+
     shapes = []
+    for m in marks:
+        if m.row is None or not 0 <= m.row < rows:
+            continue
+        shapes.append(box(m.row, m.col, {"color": "#2962ff", "width": 2, "dash": "dash"} if m.is_related
+                          else {"color": "#d50000", "width": 3}))
+        if m.col is not None and not binned and 0 <= m.col < width:
+            hover[m.row][m.col] += "<br>" + ("◇ " if m.is_related else "✗ ") + m.text
     if highlight is not None:
         r, c = highlight
-        x0, x1 = (-0.5, width - 0.5) if c is None or binned else (c - 0.5, c + 0.5)
-        shapes.append({"type": "rect", "xref": "x", "yref": "y", "x0": x0, "x1": x1, "y0": r - 0.5, "y1": r + 0.5,
-                       "line": {"color": "#000", "width": 3}})
-    height = max(180, min(900, 60 + 26 * rows))
+        shapes.append(box(r, None if binned else c, {"color": "#000", "width": 3}))
+    # Rows are short in a big batch, so the grid stays a screen tall; a narrow table gets integer ticks only.
+    row_px = 26 if rows <= 16 else max(10, 640 // rows)
+    height = max(150, min(900, 90 + row_px * rows))
     title = f"Page table: {grid.batch_size} live rows of {rows}, {grid.num_cols} of {grid.full_cols} columns recorded"
+    xticks: dict[str, Any] = {"tickmode": "linear", "tick0": 0, "dtick": max(1, -(-width // 16))}
+    if binned:
+        xticks = {"tickmode": "array", "tickvals": list(range(0, width, max(1, width // 8))),
+                  "ticktext": [str(v * per) for v in range(0, width, max(1, width // 8))]}
     return _figure([trace], title, height, margin={"l": 70, "r": 20, "t": 70, "b": 20}, shapes=shapes,
                    yaxis=axis("batch row", autorange="reversed", tickmode="array", tickvals=list(range(rows)),
                               ticktext=list(grid.row_labels)),
-                   xaxis=axis("logical page" + (" (binned)" if binned else ""), side="top"))
+                   xaxis=axis("logical page" + (" (binned)" if binned else ""), side="top", **xticks))
 
 
 # -- acceptance ----------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import TypedDict
 
 import numpy as np
 from specscope.tracer.schema import ForwardMode, SpanRow, Step, Violation
-from specscope.ui.views import AcceptanceStats, acceptance_from_histogram
+from specscope.ui.views import AcceptanceStats, CellMark, acceptance_from_histogram
 
 from .source import MODES, Columns
 
@@ -310,3 +310,69 @@ def violation_target(v: Violation, request_ids: Sequence[int] | None = None) -> 
     elif v.request_id is not None:
         q["request"] = int(v.request_id)
     return q
+
+
+# -- violation marks on the step page ------------------------------------------------------------------------
+
+# Where the step page shows each recorded value a violation can name (`Violation.array`):
+# the detail panel's rows by the scalar or header field behind them ...
+DETAIL_FIELDS: dict[str, tuple[str, ...]] = {
+    "max_seq_len_q": ("max_seq_len_q",), "kernel q_len": ("kernel_q_len",), "max_seq_len_k": ("max_seq_len_k",),
+    "captured q_len": ("captured_max_seq_len_q",), "page size": ("page_size",),
+    "tokens": ("tokens_per_request", "num_draft_tokens"), "bs / padded": ("batch_size", "padded_batch_size"),
+}  # fmt: skip
+# ... the seqlens table's columns (row b of a per-row array; entry i of a cu_seqlens array) ...
+SEQLENS_COLUMNS = {"cache_seqlens": 2, "cu_seqlens_q": 3, "cu_seqlens_k": 4, "seq_lens": 5, "req_pool_indices": 6}
+# ... the page-table grid, and the request table's columns by request field.
+GRID_ARRAYS = ("page_table", "req_to_token_page_starts")
+REQUEST_COLUMNS = {"slot": 2, "seq_len_before": 3, "seq_len_after": 4, "num_q_tokens": 5, "accept_length": 6,
+                   "draft_tokens": 7, "accepted_tokens": 8}
+
+
+@dataclass
+class MarkIndex:
+    """One step's marks (`views.step_marks`) by where the page draws them; `unplaced` are marks on values no panel
+    shows as such (a scalar the detail lacks, a per-row array such as `out_cache_loc`): the detail panel lists
+    the scalars, and a per-row array's mark goes on its request row too."""
+
+    detail: dict[str, list[CellMark]]  # detail row label -> marks
+    scalars: dict[str, list[CellMark]]  # scalars the detail has no row for
+    seqlens: dict[tuple[int, int], list[CellMark]]  # (table row, column) -> marks
+    grid: list[CellMark]  # page-table cells (row, col), or a whole row when col is None
+    requests: dict[int, list[CellMark]]  # batch row -> marks (request fields and per-row arrays)
+
+
+def mark_index(marks: Sequence[CellMark], step: Step) -> MarkIndex:
+    """Where each of a step's marks goes on its page."""
+    label_of = {a: label for label, arrays in DETAIL_FIELDS.items() for a in arrays}
+    out = MarkIndex({}, {}, {}, [], {})
+    for mk in marks:
+        a = mk.array
+        if a in label_of:
+            out.detail.setdefault(label_of[a], []).append(mk)
+        elif a in GRID_ARRAYS:
+            if mk.row is not None:
+                out.grid.append(mk)
+        elif a in SEQLENS_COLUMNS:
+            i = mk.row if mk.row is not None else mk.col
+            if i is not None:
+                out.seqlens.setdefault((int(i), SEQLENS_COLUMNS[a]), []).append(mk)
+            if mk.row is not None:
+                out.requests.setdefault(int(mk.row), []).append(mk)
+        elif a in REQUEST_COLUMNS or (mk.row is not None and step.array(a) is not None):
+            if mk.row is not None:
+                out.requests.setdefault(int(mk.row), []).append(mk)
+        else:
+            out.scalars.setdefault(a, []).append(mk)
+    return out
+
+
+def mark_text(marks: Sequence[CellMark], with_cell: bool = False) -> str:
+    """`✗ I6: 4, expected 2` (`◇` for a related fact), several joined by ` · `: a mark readable without colour."""
+    from specscope.ui.views import cell_name
+
+    parts = []
+    for m in marks:
+        where = cell_name(m.array, m.row, m.col) + " " if with_cell else ""
+        parts.append(("◇ " if m.is_related else "✗ ") + where + m.text)
+    return " · ".join(parts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -12,7 +13,7 @@ from specscope.tracer.checks import BY_ID
 from specscope.tracer.schema import ForwardMode, Step, Violation
 from specscope.ui import views
 
-from . import figures, models
+from . import figures, ids, models
 from .routes import step_href
 from .source import WAIT_S, Columns, TraceSource, ViolationState
 
@@ -249,8 +250,140 @@ def highlight_row(step: Step, params: dict[str, int | str]) -> int | None:
     return None
 
 
+_PREFIX = re.compile(r"^step \d+ \([^)]*\)\s*(?::\s*)?")
+
+
+def short_message(v: Violation) -> str:
+    """A violation's message without its `step N (model MODE, graph, bs a/b)` prefix (the page's header says it)."""
+    return _PREFIX.sub("", v.message, count=1)
+
+
+def current_violation(found: Sequence[Violation], params: dict[str, int | str]) -> int | None:
+    """Which of the step's violations the address points at: `v=K`, else the first of invariant `check` (at the
+    `row` / `col` given), else none."""
+    if "v" in params:
+        k = int(params["v"])
+        return k if 0 <= k < len(found) else None
+    if "check" in params:
+        hits = [k for k, v in enumerate(found) if v.check_id == params["check"]]
+        exact = [k for k in hits if ("row" not in params or found[k].row == params["row"])
+                 and ("col" not in params or found[k].col == params["col"])]
+        return (exact or hits or [None])[0]
+    return None
+
+
+def violation_href(src: TraceSource, v: Violation, k: int, request_row: int | None = None) -> str:
+    """The step page of violation `k` of its step, its cell marked (`v=`, plus `check=&row=&col=` for a reader)."""
+    q = models.violation_target(v, None)
+    if request_row is not None and "row" not in q:
+        q["row"] = request_row
+    return step_href(v.step, src.key, v=k, **q)
+
+
+def violation_walk(src: TraceSource, i: int, found: Sequence[Violation], cur: int | None,
+                   forward: bool) -> str | None:
+    """The address `n` (forward) or `N` opens: the next / previous violation of this step, then the first / last
+    one of the nearest step with violations; None when there is none."""
+    if found:
+        if cur is None and forward:
+            return violation_href(src, found[0], 0)
+        if cur is not None and 0 <= cur + (1 if forward else -1) < len(found):
+            k = cur + (1 if forward else -1)
+            return violation_href(src, found[k], k)
+        if cur is None and not forward:
+            pass  # before the first violation of this step: the step before
+    j = src.violation_step(i, forward)
+    if j is None:
+        return None
+    there = src.step_violations(j)
+    if not there:
+        return step_href(j, src.key)
+    k = 0 if forward else len(there) - 1
+    return violation_href(src, there[k], k)
+
+
+def marked_kv_table(rows: Sequence[tuple[str, str]], marks: Mapping[str, Sequence[views.CellMark]],
+                    id: str | None = None) -> html.Table:
+    """The detail panel: a marked row carries its marks as text beside the value (`✗ I6: 4, expected 2`)."""
+    body = []
+    for k, v in rows:
+        mk = marks.get(k)
+        if mk:
+            cls = "mk rel" if all(m.is_related for m in mk) else "mk"
+            body.append(html.Tr([html.Th(k), html.Td([v, " ", html.Span(models.mark_text(mk), className=cls)])],
+                                className="marked"))
+        else:
+            body.append(html.Tr([html.Th(k), html.Td(v)]))
+    return html.Table(html.Tbody(body), className="tbl kv", **_id(id))
+
+
+def marked_text_table(header: Sequence[str], rows: Sequence[Sequence[object]], marks: Mapping[int, str], *,
+                      cells: Mapping[tuple[int, int], bool] | None = None, id: str | None = None,
+                      highlight: int | None = None) -> html.Pre:
+    """`text_table` with a last `marks` column (the marks of each row as text) and its marked cells boxed
+    (`cells`: (row, column) -> is the related side)."""
+    cells = cells or {}
+    head = [*header, "marks"] if marks else list(header)
+    table_rows = [[*map(str, r), marks.get(k, "")] if marks else list(map(str, r)) for k, r in enumerate(rows)]
+    grid = [[str(h) for h in head]] + table_rows
+    widths = [max(len(r[j]) for r in grid if j < len(r)) for j in range(len(head))]
+    out: list[Component | str] = []
+    text: list[str] = []
+    for k, r in enumerate(grid):
+        row_cls = "hl" if highlight is not None and k == highlight + 1 else ("mkrow" if k and marks.get(k - 1)
+                                                                             else None)
+        parts: list[Component | str] = []
+        for j, (c, w) in enumerate(zip(r, widths, strict=False)):
+            cell = (c.ljust(w) if j == len(head) - 1 and marks else c.rjust(w))
+            sep = "  " if j else ""
+            rel = cells.get((k - 1, j))
+            if rel is not None:
+                parts += [sep, html.Span(cell, className="mkcell rel" if rel else "mkcell")]
+            else:
+                parts.append(sep + cell)
+        if row_cls is None and all(isinstance(p, str) for p in parts):
+            text.append("".join(p for p in parts if isinstance(p, str)) + "\n")
+            continue
+        if text:
+            out.append("".join(text))
+            text = []
+        out.append(html.Span([*parts, "\n"], className=row_cls or ""))
+    if text:
+        out.append("".join(text))
+    return html.Pre(out, className="text-table", **_id(id))
+
+
+def _violation_list(src: TraceSource, found: Sequence[Violation], cur: int | None,
+                    rows_of: Mapping[int, int]) -> Component:
+    if not found:
+        return html.P("no violations at this step", id=ids.STEP_VIOLATIONS, className="muted")
+    items = []
+    for k, v in enumerate(found):
+        cells = [views.cell_name(c.array, c.row, c.col) + ("" if c.value is None else f" = {c.value}")
+                 + ("" if c.step is None or c.step == v.step else f" (step {c.step})") for c in v.related]
+        what = ""
+        if v.array is not None:
+            what = f"{views.cell_name(v.array, v.row, v.col)}: found {v.found}" + (
+                "" if v.expected is None else f", expected {v.expected}")
+        items.append(html.Li([
+            dcc.Link(f"{v.check_id}", href=violation_href(src, v, k, rows_of.get(v.request_id or -1)),
+                     className="viol-link"),
+            html.Span(f" [{v.severity.value}] ", className="sev-" + v.severity.value),
+            html.B(what) if what else "", " — " if what else "", short_message(v),
+            *([html.Span(" · related: " + "; ".join(cells), className="muted")] if cells else []),
+        ], className="cur" if k == cur else ""))
+    return html.Ol(items, id=ids.STEP_VIOLATIONS, className="viol-list")
+
+
+def _marks_table(marks: Sequence[views.CellMark]) -> Component:
+    rows = [(m.check_id, views.cell_name(m.array, m.row, m.col), m.found or "-",
+             "-" if m.expected is None else m.expected, "related" if m.is_related else "wrong value") for m in marks]
+    return table(["check", "cell", "found", "expected", ""], rows, id=ids.STEP_MARKS, cls="marks")
+
+
 def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Div:
-    """Step explorer: detail, requests, page-table heatmap, seqlens, draft chain, this step's violations."""
+    """Step explorer: the step's violations first, then each value they name marked where the page shows it
+    (detail, seqlens, page table, request rows), then the detail, requests, page table and draft chain."""
     n = src.num_steps()
     step = src.step(i)
     key = src.key
@@ -259,84 +392,130 @@ def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Di
     spans = [(s.stream, s.name, s.start_ns, s.end_ns) for s in step.spans]
     detail = views.step_detail(step, capture=cap, kernel=src.run.attention_kernel, spans=spans)
     reqs = views.request_views(step, fmt)
+    found = src.step_violations(i)
+    cur = current_violation(found, params)
+    marks = views.step_marks(found, step)
+    rows_of = {r.request_id: r.row for r in reqs}
+    # A violation that names no cell but a request marks that request's row.
+    for v in found:
+        if v.array is None and v.request_id in rows_of:
+            marks.append(views.CellMark(v.check_id, v.severity.value, "request", rows_of[v.request_id], None, None,
+                                        None, False, v.message))
+    where = models.mark_index(marks, step)
+    for name, mk in where.scalars.items():  # scalars the detail has no row for are listed in it
+        detail.append((name, _scalar_value(step, name)))
+        where.detail[name] = mk
     hl = highlight_row(step, params)
+    cur_v = found[cur] if cur is not None else None
+    if cur_v is not None and cur_v.row is not None and hl is None:
+        hl = cur_v.row
     # A column is a logical page only for the page-table arrays; other arrays' cells highlight the whole row.
-    col_param = params.get("col") if params.get("array") in (None, "page_table", "req_to_token_page_starts") else None
+    col_param = params.get("col") if params.get("array") in (None, *models.GRID_ARRAYS) else None
     col = None if col_param is None else int(col_param)  # the route parsed it as an int already
+    if cur_v is not None and cur_v.array in models.GRID_ARRAYS and cur_v.col is not None and col is None:
+        col = cur_v.col
     grid = views.page_grid(step)
     # Neighbours by position: a bundle keeps the original run's step numbers, so the step before 30 can be 11.
     prev, nxt = src.neighbour(i, -1), src.neighbour(i, 1)
     pos = f"step {i} of {n}" if src.positions.dense else f"step {i} ({src.position(i) + 1} of {n})"
+    v_prev, v_next = violation_walk(src, i, found, cur, False), violation_walk(src, i, found, cur, True)
     nav = html.Div([
-        dcc.Link("◀ prev", id="step-prev", href=step_href(prev, key), className="btn"
+        dcc.Link("◀ prev", id=ids.STEP_PREV, href=step_href(prev, key), className="btn"
                  + (" disabled" if prev >= i else "")),
         html.Span(pos, id="step-pos"),
-        dcc.Link("next ▶", id="step-next", href=step_href(nxt, key), className="btn"
+        dcc.Link("next ▶", id=ids.STEP_NEXT, href=step_href(nxt, key), className="btn"
                  + (" disabled" if nxt <= i else "")),
+        dcc.Link("◀ N violation", id=ids.VIOL_PREV, href=v_prev or step_href(i, key),
+                 className="btn" + ("" if v_prev else " disabled")),
+        dcc.Link("violation n ▶", id=ids.VIOL_NEXT, href=v_next or step_href(i, key),
+                 className="btn" + ("" if v_next else " disabled")),
         html.Span(views.step_label(step), className="step-label"),
         *([dcc.Link(f"capture step {cap}", href=step_href(cap, key), className="btn")] if cap not in (None, i) else []),
-        html.Span("keys: ← → step", className="muted"),
+        html.Span("keys: ← → step · n N violation", className="muted"),
     ], className="step-nav")
     banner = []
-    if "check" in params:
-        inv = BY_ID.get(str(params["check"]))
-        where = "" if hl is None else f" · row {hl}" + ("" if col is None else f", logical page {col}")
-        banner.append(html.Div(f"Violation {params['check']}{where}: {inv.description if inv else ''}",
+    if "check" in params or cur_v is not None:
+        cid = str(params.get("check", cur_v.check_id if cur_v else ""))
+        inv = BY_ID.get(cid)
+        at = "" if hl is None else f" · row {hl}" + ("" if col is None else f", logical page {col}")
+        num = "" if cur is None else f" ({cur + 1} of {len(found)} at this step)"
+        banner.append(html.Div(f"Violation {cid}{num}{at}: {inv.description if inv else ''}",
                                className="banner", id="violation-banner"))
+    big = len(reqs) > MAX_HTML_ROWS
     req_rows = [(r.row, r.request_id, r.slot, r.seq_len_before, r.seq_len_after, r.num_q_tokens,
                  r.accept_length if step.mode == ForwardMode.TARGET_VERIFY else "-", r.draft_text or "-",
                  r.accepted_text or "-") for r in reqs]
     req_head = ["row", "request", "slot", "S before", "S after", "q tokens", "accept", "drafts", "accepted"]
+    req_marks = {b: models.mark_text(mk, with_cell=True) for b, mk in where.requests.items()}
+    req_cells = {(m.row, models.REQUEST_COLUMNS[m.array]): m.is_related for mk in where.requests.values()
+                 for m in mk if m.array in models.REQUEST_COLUMNS and m.row is not None}
     req_table: Component
-    if len(req_rows) > MAX_HTML_ROWS:  # a big batch as aligned text: one element, not ten per row
-        req_table = text_table(req_head, [[_one_line(c) for c in r] for r in req_rows], id="request-table",
-                               highlight=hl)
+    if big:  # a big batch as aligned text: one element, not ten per row
+        req_table = marked_text_table(req_head, [[_one_line(c) for c in r] for r in req_rows], req_marks,
+                                      cells=req_cells, id="request-table", highlight=hl)
     else:
-        req_table = table(req_head, req_rows, id="request-table", highlight=hl)
+        head = [*req_head, "marks"] if req_marks else req_head
+        body = [[*r, req_marks.get(b, "")] if req_marks else r for b, r in enumerate(req_rows)]
+        req_table = table(head, body, id="request-table", highlight=hl)
     if grid is not None:
-        heat = graph("step-heatmap", figures.heatmap_figure(grid, None if hl is None else (hl, col)))
+        heat = graph(ids.STEP_HEATMAP, figures.heatmap_figure(grid, None if hl is None else (hl, col), where.grid))
         legend = html.Div([html.Span(f"{views.SYMBOLS[k] if views.SYMBOLS[k].strip() else '□'} {views.KIND_TEXT[k]}"
                                      f" ({grid.counts.get(k, 0)})", className="chip",
                                      style={"background": figures.KIND_COLORS[k],
                                             "color": "#fff" if k in figures.DARK_KINDS else "#000"})
-                           for k in views.CellKind],
+                           for k in views.CellKind] + ([html.Span("▭ marked by a violation (found vs expected in "
+                                                                  "the table above)", className="chip mkchip")]
+                                                       if where.grid else []),
                           className="legend")
-        seqs: Component
         seq_rows: list[Sequence[object]] = []
         for b in range(len(grid.cells)):
             seq_rows.append((b, grid.row_labels[b], _at(grid.cache_seqlens, b), _at(grid.cu_seqlens_q, b),
-                             _at(grid.cu_seqlens_k, b), _arr_at(step, "seq_lens", b), _arr_at(step, "req_pool_indices",
-                                                                                                 b)))
+                             _at(grid.cu_seqlens_k, b), _arr_at(step, "seq_lens", b),
+                             _arr_at(step, "req_pool_indices", b)))
         seq_rows.append(("end", "", "", _at(grid.cu_seqlens_q, len(grid.cells)), _at(grid.cu_seqlens_k,
                                                                                       len(grid.cells)), "", ""))
-        seqs = text_table(["row", "", "cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "seq_lens",
-                           "req_pool_indices"], seq_rows, id="seqlens-table", highlight=hl)
-        grid_block = [heat, legend, html.Div("click a cell for its details", id="step-cell", className="cell-detail")]
+        seq_marks: dict[int, list[views.CellMark]] = {}
+        for (r, _c), mk in where.seqlens.items():
+            seq_marks.setdefault(r, []).extend(mk)
+        seqs: Component = marked_text_table(
+            ["row", "", "cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "seq_lens", "req_pool_indices"], seq_rows,
+            {r: models.mark_text(mk, with_cell=True) for r, mk in seq_marks.items()},
+            cells={rc: all(m.is_related for m in mk) for rc, mk in where.seqlens.items()}, id="seqlens-table",
+            highlight=hl)
+        grid_block = [heat, legend, html.Div("click a cell for its details", id=ids.STEP_CELL, className="cell-detail")]
     else:
         grid_block = [html.P("this step recorded no page table", className="muted")]
         seqs = html.P("no seqlens recorded", className="muted")
-    found = src.step_violations(i)
-    viol = html.Ul([html.Li(f"{v.check_id} [{v.severity.value}] {v.message}") for v in found], id="step-violations") \
-        if found else html.P("no violations at this step", id="step-violations", className="muted")
     extra: list[Component] = []
     if step.errors:
         extra.append(table(["call", "error", "message"], [(e.call, e.error_type, e.message) for e in step.errors]))
     if step.waits:
         extra.append(table(["stream", "waited on"], [(w.stream, f"{w.on_stream}:{w.on_span}") for w in step.waits]))
+    chain = _draft_chain(step, reqs, fmt, hl)
     return html.Div([
-        dcc.Store(id="step-index", data={"trace": key, "step": i}),
+        dcc.Store(id=ids.STEP_INDEX, data={"trace": key, "step": i}),
         nav, *banner,
         html.Div([
-            html.Div([html.H3("Step"), kv_table(detail, id="step-detail")], className="col narrow"),
-            html.Div([html.H3("Requests"), req_table, html.H3("Draft chain"), _draft_chain(step, reqs, fmt, hl)],
-                     className="col wide"),
+            html.Div([html.H3(f"Violations ({len(found)})"), _violation_list(src, found, cur, rows_of), *extra],
+                     className="col"),
+            *([html.Div([html.H3("Marked values"), _marks_table(marks)], className="col")] if marks else []),
+        ], className="row"),
+        html.Div([
+            html.Div([html.H3("Step"), marked_kv_table(detail, where.detail, id=ids.STEP_DETAIL)],
+                     className="col narrow"),
+            html.Div([html.H3("cache_seqlens and cu_seqlens"), seqs], className="col"),
         ], className="row"),
         html.H3("Page table"), *grid_block,
-        html.Div([
-            html.Div([html.H3("cache_seqlens and cu_seqlens"), seqs], className="col"),
-            html.Div([html.H3("Violations"), viol, *extra], className="col"),
-        ], className="row"),
+        html.H3(f"Requests ({len(reqs)})"), req_table,
+        html.Details([html.Summary("Draft chain"), chain], open=not big, className="chain-block"),
     ], id="step-page")
+
+
+def _scalar_value(step: Step, name: str) -> str:
+    v = step.scalars.get(name)
+    if v is None:
+        v = getattr(step, name, None)
+    return "-" if v is None else str(v)
 
 
 def _one_line(x: object) -> str:

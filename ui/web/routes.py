@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl
 PAGES = ("timeline", "step", "acceptance", "violations", "compare")
 _PATH = re.compile(r"^/(?:(timeline|acceptance|violations|compare)/?)?$")
 _STEP = re.compile(r"^/step/(\d{1,12})/?$")
-_INT_PARAMS = ("row", "col", "request")
+_INT_PARAMS = ("row", "col", "request", "v")  # v: which of the step's violations (0-based)
 _PARAMS = {"trace", "check", "array", *_INT_PARAMS}
 _CHECK = re.compile(r"^[A-Z]{1,3}\d{1,4}$")
 _ARRAY = re.compile(r"^[a-z][a-z0-9_]{0,63}$")

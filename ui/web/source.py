@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from specscope.tracer.errors import TraceError
-from specscope.tracer.query import StepIndex
+from specscope.tracer.query import StepIndex, ViolationFilter
 from specscope.tracer.schema import EndState, ForwardMode, GraphPhase, Severity, Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
 
@@ -410,6 +410,66 @@ class TraceSource:
                     self._checked_steps += 1
                     self._checked_next = st.index + 1
             return ViolationState(tuple(self._checked), self._checked_steps, n, "dashboard")
+
+    def _stored(self) -> bool:
+        """Whether the trace answers for its violations (a checker stored its verdicts, or it holds some)."""
+        with self._lock:
+            return self.reader.checked_through() is not None or self.reader.count_violations() > 0
+
+    def violation_step(self, i: int, forward: bool = True) -> int | None:
+        """The nearest step after (or before) step `i` with a violation: from the trace's table, else from what the
+        dashboard's checker has found so far."""
+        if self._stored():
+            with self._lock:
+                lo, hi = (i + 1, None) if forward else (None, i)
+                f = ViolationFilter(start=lo, stop=hi)
+                if forward:
+                    got = self.reader.violations_page(f, 0, 1)
+                    return got[0].step if got else None
+                n = self.reader.count_violations(f)
+                got = self.reader.violations_page(f, n - 1, 1) if n else []
+                return got[0].step if got else None
+        with self._checker_lock:
+            steps = [v.step for v in self._checked if (v.step > i if forward else v.step < i)]
+        return (min(steps) if forward else max(steps)) if steps else None
+
+    def violation_rows(self, f: ViolationFilter, offset: int, limit: int) -> tuple[list[Violation], int]:
+        """One page of the violations matching `f` and how many match: SQL over the trace's table, else the
+        dashboard checker's findings so far, filtered here."""
+        if self._stored():
+            with self._lock:
+                return self.reader.violations_page(f, offset, limit), self.reader.count_violations(f)
+        st = self.violation_state(budget_steps=0)
+        cols = self.cols
+        text = (f.text or "").lower()
+
+        def keep(v: Violation) -> bool:
+            if f.check_ids and v.check_id not in f.check_ids:
+                return False
+            if f.severity is not None and v.severity.value != f.severity:
+                return False
+            if f.request_id is not None and v.request_id != f.request_id:
+                return False
+            if (f.start is not None and v.step < f.start) or (f.stop is not None and v.step >= f.stop):
+                return False
+            if text and text not in v.message.lower():
+                return False
+            if f.mode is not None:
+                r = cols.rows(v.step, v.step + 1)
+                if r.stop == r.start or MODES[int(cols.mode[r.start])] != f.mode:
+                    return False
+            return True
+
+        rows = sorted((v for v in st.violations if keep(v)), key=lambda v: v.step)
+        return rows[offset:offset + limit], len(rows)
+
+    def violation_counts(self) -> dict[str, int]:
+        """Violations per invariant: the trace's table, else the dashboard checker's findings so far."""
+        if self._stored():
+            with self._lock:
+                return self.reader.count_violations_by_id()
+        with self._checker_lock:
+            return dict(collections.Counter(v.check_id for v in self._checked))
 
     def close(self) -> None:
         """Stop the loader and close the reader."""
