@@ -18,10 +18,11 @@ What a step holds (names as the engine's recorder writes them, docs/trace-format
   tensors in `backend.forward_metadata`, with their device addresses; the batch's `seq_lens`, `seq_lens_cpu`,
   `req_pool_indices`, `positions`, `out_cache_loc`, `req_to_token_page_starts`; `draft_tokens` (verify) and
   `accept_lens` (draft extend) when the spec input carries them.
-- scalars: `max_seq_len_q`, `max_seq_len_k`, `kernel_q_len` (the q length the kernels run with: the live value
-  eagerly, the value frozen at capture for a graph), `captured_max_seq_len_q`, `seq_len_fill_value`,
-  `backend_num_draft_tokens`, `max_context_len`, `speculative_step_id`, `seq_lens_cpu_max`; `plan_stream` and
-  `fixup_hook_ok` for verifies once the plan-stream fix-up hook ran.
+- scalars: `max_seq_len_q`, `max_seq_len_k` (releases that have it: up to 0.5.13), `kernel_q_len` (the q length
+  the kernels run with: the live value eagerly, the value frozen at capture for a graph), `captured_max_seq_len_q`,
+  `seq_len_fill_value`, `backend_num_draft_tokens`, `max_context_len`, `speculative_step_id`, `seq_lens_cpu_max`
+  (when the batch carries a host mirror); `plan_stream` and `fixup_hook_ok` for verifies once the plan-stream
+  fix-up hook ran.
 - spans: `host`/`metadata` always; on a CUDA device also CUDA-event spans of the prep on its stream, named
   `compute` for the stream draft decode runs on and `plan` for any other (SGLang's overlap plan stream).
 - errors: a `CallError` for each prep or hook call that raised (then re-raised unchanged), e.g.
@@ -34,6 +35,20 @@ The live batch size of a replay is the live token count over T. Draft decode ste
 writes column i of the request-major `out_cache_loc` (`[bs, num_steps]`). SGLang's backend sees no request ids:
 each row's `request_id` is its `req_pool_index`.
 
+Versions (`sglang_versions.facts_for`): a field the release lacks is recorded as absent, never made up, and named in
+the run's `config["not_recorded"]["fields"]`; the page table is cropped by the recorded `cache_seqlens` then. From
+0.5.15 a graph's metadata is computed inside the graph (`init_forward_metadata_in_graph`, a Triton kernel the
+graph records and every replay re-runs): a capture is recorded after that call's warm-up run, and a replay, which
+runs it inside `graph.replay()` where Python never sees it, is a step without metadata (header, requests, spans;
+`config["not_recorded"]["replay_metadata"]`). `seq_lens_cpu` is recorded when the batch carries one (0.5.14+
+backends do not ask for it).
+
+What the trace says beside the steps: `run.config["sglang"]` holds the provenance (version, where the backend was
+imported from, the server args that shape attention and speculation, the spec-decoding variables SGLang saw set,
+GPU and kernel versions, the rank) and the features specscope does not model that this server uses (ragged verify,
+unified KV pool, SWA, CP, FP8/NVFP4 KV, topk > 1). A failure of the recorder never reaches SGLang; it is stored in
+the trace's `meta` row `recording_problems` (`SPECSCOPE_DEBUG=1` raises instead).
+
 Recording never changes what the backend computes: it reads the metadata after the original call returns,
 copies it (CPU: clone; CUDA: non-blocking copies into pinned memory, resolved when an event completes, so
 nothing synchronizes), and never writes to a tensor the backend owns (tested in tests/unit/test_sglang_integration.py).
@@ -44,15 +59,19 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import json
 import os
 import platform
 import socket
 import sys
 import threading
 import time
+import traceback
+import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,15 +81,38 @@ from ..tracer import schema as S
 from ..tracer import user_env
 from ..tracer.schema import ArraySnapshot, ForwardMode, GraphPhase, RequestState, RunInfo, Step, StreamSpan
 from ..tracer.store import TraceWriter
+from .sglang_versions import SglangFacts, facts_for
 
 _NP = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8", torch.bool: "bool",
        torch.float32: "float32"}
 _BACKEND_METHODS = ("__init__", "init_forward_metadata", "init_forward_metadata_out_graph",
-                    "init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph",
-                    "update_verify_buffers_to_fill_after_draft")
-_WRAPPER_METHODS = ("init_forward_metadata", "init_forward_metadata_out_graph",
+                    "init_forward_metadata_in_graph", "init_forward_metadata_capture_cuda_graph",
+                    "init_forward_metadata_replay_cuda_graph", "update_verify_buffers_to_fill_after_draft")
+_WRAPPER_METHODS = ("init_forward_metadata", "init_forward_metadata_out_graph", "init_forward_metadata_in_graph",
                     "init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph")
 FIXUP = "update_verify_buffers_to_fill_after_draft"
+IN_GRAPH = "init_forward_metadata_in_graph"
+# The text the checker reads in run.config["not_recorded"]["replay_metadata"] (agreed with tracer/checks.py).
+REPLAY_METADATA_IN_GRAPH = "computed inside the graph (SGLang 0.5.15+)"
+# Server args that shape attention and speculation, by the names any release 0.5.12 ... 0.5.23 gives them (0.5.2x
+# splits the CUDA-graph flags per phase); only those the server's args object has are recorded.
+SERVER_ARGS = (
+    "model_path", "speculative_draft_model_path", "attention_backend", "prefill_attention_backend",
+    "decode_attention_backend", "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+    "speculative_num_draft_tokens", "speculative_attention_mode", "page_size", "kv_cache_dtype",
+    "disable_cuda_graph", "cuda_graph_bs", "cuda_graph_max_bs", "disable_decode_cuda_graph",
+    "cuda_graph_backend_decode", "cuda_graph_bs_decode", "cuda_graph_max_bs_decode", "disable_overlap_schedule",
+    "tp_size", "pp_size", "dp_size", "enable_dp_attention", "attn_cp_size", "dcp_size", "enable_unified_memory",
+    "enable_two_batch_overlap",
+)  # fmt: skip
+# SGLang's spec-decoding and TRTLLM MHA variables, read through SGLang's own `envs` (the value SGLang itself uses);
+# those set are recorded.
+SPEC_ENV = (
+    "SGLANG_ENABLE_OVERLAP_PLAN_STREAM", "SGLANG_ENABLE_SPEC_V2", "SGLANG_RAGGED_VERIFY_MODE",
+    "SGLANG_TEST_RAGGED_VERIFY_FORCE_UNIFORM_CAPTURE", "SGLANG_ENABLE_METADATA_GLUE_GRAPH",
+    "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH", "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND", "SGLANG_SPEC_TP_SYNC",
+    "SGLANG_ENABLE_PP_SPEC", "SGLANG_TRTLLM_MHA_DECODE_SEQ_LEN_SPLITS", "SGLANG_FLASHINFER_WORKSPACE_SIZE",
+)  # fmt: skip
 
 _ACTIVE: list[SglangTracer] = []  # the tracer the patched classes record into (the last one opened)
 # The live batch behind a call whose arguments do not carry it (0.5.12's replay API, the draft wrapper's fan-out).
@@ -104,6 +146,188 @@ def active_tracer() -> SglangTracer | None:
         factory = _FACTORY.pop()
         _safely(factory)  # registers itself in _ACTIVE; a bad path is one warning, never a dead server
     return _ACTIVE[-1] if _ACTIVE else None
+
+
+# ---- what the server is (read at attach) ---------------------------------------------------------------
+_MODULES: list[Any] = []  # trtllm_mha_backend modules instrument() patched, the last one is the server's
+_BACKENDS: list[weakref.ref[Any]] = []  # every instrumented backend constructed in this process, oldest first
+# Failures before any tracer exists (a backend constructed before the trace opens): handed to the next tracer.
+_EARLY_PROBLEMS: list[tuple[str, str]] = []
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, torch.dtype):
+        return str(v).replace("torch.", "")
+    return str(getattr(v, "value", v))  # enums as their value, anything else as text
+
+
+def _server_args(model_runner: Any) -> dict[str, Any]:
+    """The attention and speculation server args the runner was built with (only the names this release has)."""
+    sa = getattr(model_runner, "server_args", None)
+    if sa is None:
+        return {}
+    out: dict[str, Any] = {}
+    for name in SERVER_ARGS:
+        try:
+            v = getattr(sa, name)
+        except Exception:  # noqa: BLE001 - a name this release lacks (0.5.2x's args raise on some unknown reads)
+            continue
+        if not callable(v):
+            out[name] = _jsonable(v)
+    return out
+
+
+def _spec_env(envs: Any) -> dict[str, Any]:
+    """SPEC_ENV variables set, with the value SGLang parsed (its `envs` object; absent names are skipped)."""
+    out: dict[str, Any] = {}
+    if envs is None:
+        return out
+    for name in SPEC_ENV:
+        var = getattr(envs, name, None)
+        try:
+            if var is not None and var.is_set():
+                out[name] = _jsonable(var.get())
+        except Exception:  # noqa: BLE001 - a stand-in or an older EnvField without is_set
+            continue
+    return out
+
+
+def parallel_facts(model_runner: Any) -> dict[str, Any]:
+    """This process's place in SGLang's parallel groups: `tp_rank`/`tp_size` (and pp/dp where SGLang has them)
+    and where they were read (`source`): the model runner (up to 0.5.2x), the runtime context (0.5.2x), the
+    initialized torch.distributed world, else the launcher's variables; a lone process is rank 0 of 1."""
+    sa = getattr(model_runner, "server_args", None)
+    sizes = {k: int(v) for k in ("tp_size", "pp_size", "dp_size")
+             if isinstance(v := getattr(sa, k, None), int)}
+    if isinstance(getattr(model_runner, "tp_rank", None), int):
+        out: dict[str, Any] = {"tp_rank": int(model_runner.tp_rank), "source": "model_runner.tp_rank"}
+        for k in ("pp_rank", "dp_rank", "tp_size", "pp_size"):
+            if isinstance(v := getattr(model_runner, k, None), int):
+                out[k] = int(v)
+        return {**sizes, **out}
+    rc = sys.modules.get("sglang.srt.runtime_context")
+    if rc is not None and hasattr(rc, "get_parallel"):
+        par = rc.get_parallel()
+        out = {}
+        for k in ("tp_rank", "tp_size", "pp_rank", "pp_size", "dp_rank"):
+            try:
+                v = getattr(par, k)
+            except Exception:  # noqa: BLE001 - not published in this process (ParallelContext raises)
+                continue
+            if isinstance(v, int):
+                out[k] = int(v)
+        if "tp_rank" in out:
+            return {**sizes, **out, "source": "runtime_context.get_parallel()"}
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        # SGLang's world rank is tp_size * pp_rank + tp_rank (model_runner init_torch_distributed).
+        rank, world = dist.get_rank(), dist.get_world_size()
+        tp = sizes.get("tp_size", world)
+        return {**sizes, "tp_rank": rank % tp, "pp_rank": rank // tp, "world_rank": rank, "world_size": world,
+                "source": "torch.distributed"}
+    env = next(((k, v) for k in user_env.RANK_VARS if (v := user_env.get(k)) is not None), None)
+    if env is not None and env[1].isdigit():
+        return {**sizes, "tp_rank": int(env[1]), "source": f"environment ({env[0]})"}
+    return {**sizes, "tp_rank": 0, "source": "none (one process)"}
+
+
+def rank_label(par: dict[str, Any]) -> str:
+    """The rank as a file name part: the TP rank ("3"), prefixed by the PP / DP rank where those groups have more
+    than one member ("pp1-tp3")."""
+    parts = [f"dp{par['dp_rank']}"] if par.get("dp_size", 1) > 1 and "dp_rank" in par else []
+    if par.get("pp_size", 1) > 1 or par.get("pp_rank", 0) > 0:
+        parts.append(f"pp{par.get('pp_rank', 0)}")
+    return "-".join([*parts, f"tp{par['tp_rank']}"]) if parts else str(par["tp_rank"])
+
+
+def _features(be: Any, sa: dict[str, Any], env: dict[str, Any], facts: SglangFacts | None) -> list[dict[str, str]]:
+    """Features of this server that specscope's model of TRTLLM MHA leaves out, with what showed them."""
+    out: list[dict[str, str]] = []
+
+    def add(feature: str, detail: str, source: str) -> None:
+        out.append({"feature": feature, "detail": detail, "source": source})
+
+    topk = getattr(be, "topk", None)
+    topk = topk if isinstance(topk, int) else sa.get("speculative_eagle_topk")
+    if isinstance(topk, int) and topk > 1:
+        add("topk > 1", f"EAGLE tree drafts (topk {topk}); specscope models topk = 1 only",
+            "backend.topk" if isinstance(getattr(be, "topk", None), int) else "server args speculative_eagle_topk")
+    mode = env.get("SGLANG_RAGGED_VERIFY_MODE")
+    if mode not in (None, "static") and (facts is None or facts.has_ragged_verify):
+        xqa = " (XQA, SM90/SM120, refuses it: the first verify raises NotImplementedError)" \
+            if getattr(be, "is_xqa_impl", False) else ""
+        add("ragged verify", f"per-request verify lengths{xqa}; the checks assume uniform T",
+            f"SGLANG_RAGGED_VERIFY_MODE={mode}")
+    tr = getattr(be, "kv_index_translator", None)
+    if tr is not None and getattr(tr, "is_translating", False):
+        add("unified KV pool", "page-table ids are translated (kv_index_translator); specscope reads them as "
+                               "pool pages", "backend.kv_index_translator")
+    elif sa.get("enable_unified_memory"):
+        add("unified KV pool", "page-table ids are translated; specscope reads them as pool pages",
+            "server args enable_unified_memory")
+    if getattr(be, "_swa_kv_pool", None) is not None or getattr(be, "use_sliding_window_kv_pool", False) is True:
+        add("SWA", "sliding-window layers read a translated SWA page table; specscope records the full-attention "
+                   "one", "backend SWA KV pool")
+    cp = {k: v for k in ("attn_cp_size", "dcp_size") if isinstance(v := sa.get(k), int) and v > 1}
+    if cp:
+        add("CP", "context parallel (zigzag page tables); specscope models one rank's whole context",
+            "server args " + ", ".join(f"{k}={v}" for k, v in cp.items()))
+    dt = getattr(be, "data_type", None)
+    kvd = sa.get("kv_cache_dtype")
+    if getattr(be, "is_nvfp4_kvcache", False) is True or (isinstance(kvd, str) and "fp4" in kvd):
+        add("NVFP4 KV", "NVFP4 KV cache (scales, FP8 output); specscope models bf16 KV",
+            "backend.is_nvfp4_kvcache" if getattr(be, "is_nvfp4_kvcache", False) is True else f"kv_cache_dtype={kvd}")
+    elif (isinstance(dt, torch.dtype) and "float8" in str(dt)) or (isinstance(kvd, str) and "fp8" in kvd):
+        add("FP8 KV", "FP8 KV cache (k/v scales); specscope models bf16 KV",
+            f"backend.data_type={_jsonable(dt)}" if isinstance(dt, torch.dtype) and "float8" in str(dt)
+            else f"kv_cache_dtype={kvd}")
+    return out
+
+
+def _kernel_versions() -> dict[str, str]:
+    """flashinfer (and sgl-kernel) as this process has them: the imported module's version, else the installed
+    distribution's; nothing is imported here."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str] = {}
+    mod = sys.modules.get("flashinfer")
+    if mod is not None and isinstance(getattr(mod, "__version__", None), str):
+        out["flashinfer"] = mod.__version__
+    for key, dists in (("flashinfer", ("flashinfer-python", "flashinfer")), ("sgl_kernel", ("sgl-kernel",))):
+        for d in dists:
+            if key in out:
+                break
+            try:
+                out[key] = version(d)
+            except PackageNotFoundError:
+                continue
+    if torch.version.cuda:
+        out["cuda"] = str(torch.version.cuda)
+    return out
+
+
+def module_version(module: Any) -> str:
+    """The release a trtllm_mha_backend module belongs to: its wheel's dist-info or version.py beside the
+    package it was loaded from, else SGLang's `sglang.version`, else the installed distribution, else "unknown"."""
+    f = getattr(module, "__file__", None)
+    if isinstance(f, str) and Path(f).is_file():
+        from .sglang_loader import sglang_version
+
+        v = sglang_version(Path(f).resolve().parents[3])
+        if v != "unknown":
+            return v
+    return _installed_sglang_version()
+
+
+def _facts(version: str) -> SglangFacts | None:
+    try:
+        return facts_for(version)
+    except ValueError:
+        return None
 
 
 # ---- facts of one prep call -----------------------------------------------------------------------------
@@ -155,46 +379,182 @@ class _Pending:
     hold: bool = False  # a verify waits for the plan-stream fix-up hook (or the next prep) before it is written
     await_accept: bool = False  # ... and for the draft extend that carries its accept lengths
     accept_from: _Pending | None = None  # that draft extend
+    hidden: frozenset[str] = frozenset()  # host copies that only build request rows (not written as arrays)
+    crop_live: bool = False  # crop page_table / req_to_token_page_starts by the recorded cache_seqlens at write
 
 
 class SglangTracer:
-    """Turns the instrumented backends' prep calls into steps of one trace (in-process TraceWriter)."""
+    """Turns the instrumented backends' prep calls into steps of one trace (in-process TraceWriter).
+
+    The file is created when the first thing is recorded (or at close), so its run info holds what the backends
+    constructed by then tell: the server args, the rank, the features specscope does not model. A path that
+    exists (without `overwrite`) or is a directory is refused here, at once."""
 
     def __init__(self, path: str | os.PathLike[str], *, overwrite: bool = False, sglang_version: str | None = None,
                  config: dict[str, Any] | None = None, command: str | None = None) -> None:
-        dev = "cpu"
-        cap = None
+        from ..tracer.errors import TraceError
+
+        self.path = os.fspath(path)
+        if os.path.isdir(self.path):
+            raise TraceError("is a directory, not a trace file", self.path)
+        if os.path.lexists(self.path) and not overwrite:
+            raise TraceError("already exists (pass overwrite=True to replace it)", self.path)
+        self._overwrite = overwrite
+        self._version_given = sglang_version
+        self._config = dict(config or {})
+        self._command = command or " ".join(sys.argv)
+        self._start_ns = time.time_ns()
+        self._writer: TraceWriter | None = None
+        self._lock = threading.RLock()
+        self._next = 0
+        self._pending: list[_Pending] = []
+        self._frozen: dict[tuple[int, str, int], int] = {}  # (backend id, mode, bs) -> q len frozen at capture
+        self._capture_tokens: dict[tuple[int, str, int], int] = {}  # 0.5.12 replays: tokens per request
+        # 0.5.15+: a capture's metadata exists once `init_forward_metadata_in_graph` ran (backend id -> the call).
+        self._await_in_graph: dict[int, tuple[Any, ForwardMode, _Prep, int, Any, Any, Any]] = {}
+        self._iteration = 0
+        self._last_mode: ForwardMode | None = None
+        self._compute_stream: Any = None
+        self._epoch: tuple[int, Any] | None = None  # (host ns, CUDA event) for GPU span times
+        self._slot_gen: dict[int, tuple[int, int | None]] = {}  # req slot -> (generation, last committed length)
+        self._problems: dict[str, dict[str, Any]] = {}  # what -> {"what", "first_step", "count", "detail"}
+        self._problems_dirty = False
+        self._features: list[dict[str, str]] = []  # the unmodelled features the run info names
+        self._late_features: list[dict[str, str]] = []  # found after the run info was written (meta row)
+        self.version = sglang_version or (module_version(_MODULES[-1]) if _MODULES else _installed_sglang_version())
+        self.facts = _facts(self.version)
+        self.closed = False
+        _ACTIVE.append(self)
+        early, _EARLY_PROBLEMS[:] = list(_EARLY_PROBLEMS), []
+        for what, detail in early:
+            self.problem(what, detail)
+
+    # ---- the file and its run info ------------------------------------------------------------------------
+    @property
+    def writer(self) -> TraceWriter:
+        """The trace's writer (the file is created at the first use)."""
+        with self._lock:
+            if self._writer is None:
+                self._writer = TraceWriter(self.path, self._run_info(), overwrite=self._overwrite)
+                if self._problems:
+                    self._write_problems()
+            return self._writer
+
+    def _backends(self) -> list[Any]:
+        return [be for r in _BACKENDS if (be := r()) is not None]
+
+    def _run_info(self) -> RunInfo:
+        """The run as the backends constructed so far describe it (each part guarded: a part that cannot be read
+        is a recording problem and is left out)."""
+        dev, cap = "cpu", None
         if torch.cuda.is_available():
             dev = torch.cuda.get_device_name()
             cap = "{}.{}".format(*torch.cuda.get_device_capability())
-        versions = {"python": platform.python_version(), "torch": torch.__version__,
-                    "sglang": sglang_version or _installed_sglang_version()}
+        versions = {"python": platform.python_version(), "torch": torch.__version__, "sglang": self.version}
         try:
             from importlib.metadata import version
 
             versions["specscope"] = version("specscope")
         except Exception:  # noqa: BLE001 - a source checkout without metadata
             versions["specscope"] = "unknown"
-        run = RunInfo(
-            command=command or " ".join(sys.argv), config=dict(config or {}, source="sglang"),
-            target_model=target if (target := user_env.get(user_env.TARGET_MODEL)) is not None else "sglang",
+        sg: dict[str, Any] = {"version": self.version,
+                              "tested": bool(self.facts is not None and self.facts.tested)}
+        if not sg["tested"]:
+            sg["untested"] = f"untested SGLang {self.version}"
+        try:
+            kernels = _kernel_versions()
+            versions.update(kernels)
+            sg["kernels"] = kernels
+        except Exception as e:  # noqa: BLE001 - provenance is best effort, and says so
+            self.problem("provenance: kernel versions", _describe(e))
+        sg["gpu"] = {"name": dev, "capability": cap}
+        if _MODULES:
+            sg["backend_file"] = str(getattr(_MODULES[-1], "__file__", None))
+        bes = self._backends()
+        target = next((b for b in bes if getattr(b, "_specscope_model", "") == "target"), bes[0] if bes else None)
+        facts = getattr(target, "_specscope_facts", None) if target is not None else None
+        if facts is not None:
+            sg["server_args"] = facts["server_args"]
+            sg["env"] = facts["env"]
+            sg["parallel"] = facts["parallel"]
+        elif not bes:
+            sg["server_args_source"] = "no backend constructed yet"
+        seen = {f["feature"] for f in self._features}
+        for be in bes:
+            for f in (getattr(be, "_specscope_facts", None) or {}).get("features", []):
+                if f["feature"] not in seen:
+                    seen.add(f["feature"])
+                    self._features.append(f)
+        sg["unmodelled"] = list(self._features)
+        config = dict(self._config, source="sglang", sglang=sg)
+        nr = self._not_recorded()
+        if nr:
+            config["not_recorded"] = nr
+        return RunInfo(
+            command=self._command, config=config,
+            target_model=target_name if (target_name := user_env.get(user_env.TARGET_MODEL)) is not None
+            else "sglang",
             draft_model=user_env.get(user_env.DRAFT_MODEL), device=dev, device_capability=cap,
-            attention_kernel="sglang trtllm_mha", versions=versions, git_commit=None, start_ns=time.time_ns(),
+            attention_kernel="sglang trtllm_mha", versions=versions, git_commit=None, start_ns=self._start_ns,
             hostname=socket.gethostname())
-        self.writer = TraceWriter(path, run, overwrite=overwrite)
-        self.path = os.fspath(path)
-        self._lock = threading.RLock()
-        self._next = 0
-        self._pending: list[_Pending] = []
-        self._frozen: dict[tuple[int, str, int], int] = {}  # (backend id, mode, bs) -> q len frozen at capture
-        self._capture_tokens: dict[tuple[int, str, int], int] = {}  # 0.5.12 replays: tokens per request
-        self._iteration = 0
-        self._last_mode: ForwardMode | None = None
-        self._compute_stream: Any = None
-        self._epoch: tuple[int, Any] | None = None  # (host ns, CUDA event) for GPU span times
-        self._slot_gen: dict[int, tuple[int, int | None]] = {}  # req slot -> (generation, last committed length)
-        self.closed = False
-        _ACTIVE.append(self)
+
+    def _not_recorded(self) -> dict[str, Any]:
+        """What this release's backend does not give the recorder (the checker skips what needs it)."""
+        out: dict[str, Any] = {}
+        f = self.facts
+        md_cls = getattr(_MODULES[-1], "TRTLLMMHAMetadata", None) if _MODULES else None
+        fields = getattr(md_cls, "__dataclass_fields__", None)
+        has_k = ("max_seq_len_k" in fields) if fields is not None else (f is None or f.has_max_seq_len_k)
+        if not has_k:
+            out["fields"] = {"max_seq_len_k": f"TRTLLMMHAMetadata has no max_seq_len_k in SGLang {self.version} "
+                                              "(dropped in 0.5.14: the kernels get max_context_len)"}
+        if self._in_graph():
+            out["replay_metadata"] = REPLAY_METADATA_IN_GRAPH
+        return out
+
+    def _in_graph(self) -> bool:
+        """Whether graph metadata is computed inside the graph (0.5.15+): from the facts, else from the class."""
+        if self.facts is not None:
+            return self.facts.graph_metadata_in_graph
+        cls = getattr(_MODULES[-1], "TRTLLMHAAttnBackend", None) if _MODULES else None
+        return cls is not None and IN_GRAPH in vars(cls)
+
+    # ---- what could not be recorded --------------------------------------------------------------------
+    def problem(self, what: str, detail: str, step: int | None = None) -> None:
+        """Count one recording failure under `what`; the trace's `meta.recording_problems` says it (written at
+        the first of each kind, then as counts double and at every flush)."""
+        with self._lock:
+            ent = self._problems.get(what)
+            if ent is None:
+                ent = self._problems[what] = {"what": what, "first_step": step, "count": 0,
+                                              "detail": " ".join(detail.split())[:2000]}
+            ent["count"] += 1
+            self._problems_dirty = True
+            n = ent["count"]
+            if self._writer is not None and n & (n - 1) == 0:  # 1, 2, 4, ...: a killed server shows them grow
+                self._write_problems()
+
+    def _write_problems(self) -> None:
+        assert self._writer is not None, "problems are written once the file exists"
+        self._writer.write_meta("recording_problems", json.dumps(list(self._problems.values())))
+        self._problems_dirty = False
+
+    def _next_index(self) -> int:
+        return self._next + len(self._pending)
+
+    def note_feature(self, feature: str, detail: str, source: str) -> None:
+        """A feature specscope does not model, seen in a step or a backend after the run info was written: kept
+        in `meta.unmodelled_features` (the run info's list plus these)."""
+        with self._lock:
+            known = {f["feature"] for f in self._features + self._late_features}
+            if feature in known:
+                return
+            entry = {"feature": feature, "detail": detail, "source": source}
+            if self._writer is None:
+                self._features.append(entry)
+                return
+            self._late_features.append(entry)
+            self._writer.write_meta("unmodelled_features", json.dumps(self._features + self._late_features))
 
     # ---- prep calls --------------------------------------------------------------------------------------
     def record_prep(self, backend: Any, prep: _Prep, start_ns: int, gpu_start: Any,
@@ -205,14 +565,48 @@ class SglangTracer:
             mode = _mode_of(prep.fb)
             if mode is None:
                 return
-            p = self._build(backend, mode, prep, start_ns, gpu_start, error)
-            if mode == ForwardMode.DRAFT_EXTEND and any(a[0] == "accept_lens" for a in p.arrays):
-                # Spec v2: the draft extend after a verify carries that verify's accept lengths.
-                for q in self._pending:
-                    if q.await_accept:
-                        q.accept_from, q.await_accept, q.hold = p, False, False
-            self._pending.append(p)
-            self._write_ready()
+            ctx = (_LIVE.get(), _WRAPPER.get())
+            if prep.phase == GraphPhase.CAPTURE and prep.in_capture and error is None and self._in_graph():
+                # 0.5.15+: out_graph only bound the buffers; the values come with init_forward_metadata_in_graph.
+                self._await_in_graph[id(backend)] = (backend, mode, prep, start_ns, gpu_start, *ctx)
+                return
+            with_md = not (prep.phase == GraphPhase.REPLAY and self._in_graph())
+            self._add(self._build(backend, mode, prep, start_ns, gpu_start, error, *ctx, with_metadata=with_md))
+
+    def record_in_graph(self, backend: Any, error: BaseException | None) -> None:
+        """`init_forward_metadata_in_graph` returned on `backend`: a capture waiting for it is recorded now, with
+        the values it wrote (on a CUDA device only outside stream capture: a copy inside would join the graph)."""
+        with self._lock:
+            held = self._await_in_graph.pop(id(backend), None)
+            if held is None:
+                return  # a replay's (a driver or a debug replay calls it): replays are recorded at out_graph
+            be, mode, prep, start_ns, gpu_start, live, wrap = held
+            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+            if capturing:
+                self.problem("capture metadata not recorded",
+                             "init_forward_metadata_in_graph ran only under CUDA-graph stream capture (no warm-up "
+                             "run), where a copy of its output would join the graph", self._next_index())
+            self._add(self._build(be, mode, prep, start_ns, gpu_start, error, live, wrap,
+                                  with_metadata=not capturing))
+
+    def _flush_in_graph(self, backend_id: int | None) -> None:
+        """Captures whose in_graph call never came (the backend moved on, or the trace closes): written without
+        metadata, and said."""
+        for bid in [k for k in self._await_in_graph if backend_id is None or k == backend_id]:
+            be, mode, prep, start_ns, gpu_start, live, wrap = self._await_in_graph.pop(bid)
+            self.problem("capture metadata not recorded",
+                         "init_forward_metadata_in_graph did not follow the capture's init_forward_metadata_out_graph "
+                         "(SGLang 0.5.15+ computes the graph's metadata there)", self._next_index())
+            self._add(self._build(be, mode, prep, start_ns, gpu_start, None, live, wrap, with_metadata=False))
+
+    def _add(self, p: _Pending) -> None:
+        if p.step_kw["mode"] == ForwardMode.DRAFT_EXTEND and any(a[0] == "accept_lens" for a in p.arrays):
+            # Spec v2: the draft extend after a verify carries that verify's accept lengths.
+            for q in self._pending:
+                if q.await_accept:
+                    q.accept_from, q.await_accept, q.hold = p, False, False
+        self._pending.append(p)
+        self._write_ready()
 
     def record_fixup(self, backend: Any, spec_info: Any, error: BaseException | None) -> None:
         """The plan-stream fix-up hook ran for the verify `backend` just prepared (or raised)."""
@@ -237,15 +631,19 @@ class SglangTracer:
 
     def _finish_held(self, backend: Any) -> None:
         # The backend prepares its next forward: whatever its held verify was waiting for will not come.
+        self._flush_in_graph(id(backend))
         for p in self._pending:
             if p.backend_id == id(backend):
                 p.hold = p.await_accept = False
 
     def _build(self, be: Any, mode: ForwardMode, prep: _Prep, start_ns: int, gpu_start: Any,
-               error: BaseException | None) -> _Pending:
-        fb, md = prep.fb, getattr(be, "forward_metadata", None)
-        live = _LIVE.get()
-        wrapper, wrapper_fb = _WRAPPER.get() or (None, None)
+               error: BaseException | None, live: Any, wrapper_ctx: Any, *, with_metadata: bool = True) -> _Pending:
+        """A step's facts from the call and the backend; `with_metadata=False`: the metadata the kernels read is
+        not known to Python at this point (a 0.5.15+ replay), so the step carries no arrays or metadata scalars,
+        only what builds its header and request rows."""
+        fb = prep.fb
+        md = getattr(be, "forward_metadata", None) if with_metadata else None
+        wrapper, wrapper_fb = wrapper_ctx or (None, None)
         bs = int(fb.batch_size)
         P = int(be.page_size)
         key = (id(be), mode.value, bs)
@@ -292,7 +690,9 @@ class SglangTracer:
         rows = raw_bs if raw_bs is not None else bs
         step_id = int(be.speculative_step_id) if mode == ForwardMode.DRAFT_DECODE else None
         seq = fb.seq_lens[:bs]
-        seq_cpu = fb.seq_lens_cpu[:bs] if getattr(fb, "seq_lens_cpu", None) is not None else seq.cpu()
+        # The host mirror as the batch carries it: 0.5.14+ backends do not ask for one (needs_cpu_seq_lens =
+        # False) and spec-v2 batches then hold None, which is recorded as absent, not rebuilt from the device.
+        seq_cpu = fb.seq_lens_cpu[:bs] if getattr(fb, "seq_lens_cpu", None) is not None else None
         rpi = fb.req_pool_indices[:bs]
         # Positions and KV write slots of the tokens the kernels run.
         n_tok = bs * T if mode != ForwardMode.EXTEND else None
@@ -311,14 +711,20 @@ class SglangTracer:
             loc = _pad(loc, n_tok) if loc is not None and loc.numel() <= n_tok else None
         if mode == ForwardMode.DRAFT_DECODE and pos is not None and rows < bs:
             pos[rows:] = 0
-        scalars: dict[str, int] = {
-            "seq_len_fill_value": int(be.get_cuda_graph_seq_len_fill_value()),
-            "backend_num_draft_tokens": int(be.speculative_num_draft_tokens or 1),
-            "max_context_len": int(be.max_context_len), "speculative_step_id": int(be.speculative_step_id),
-            "seq_lens_cpu_max": int(seq_cpu.max()) if seq_cpu.numel() else 0}
+        scalars: dict[str, int] = {}
+        if with_metadata:
+            scalars.update(seq_len_fill_value=int(be.get_cuda_graph_seq_len_fill_value()),
+                           backend_num_draft_tokens=int(be.speculative_num_draft_tokens or 1),
+                           max_context_len=int(be.max_context_len), speculative_step_id=int(be.speculative_step_id))
+            if seq_cpu is not None:
+                scalars["seq_lens_cpu_max"] = int(seq_cpu.max()) if seq_cpu.numel() else 0
         arrays: list[tuple[str, torch.Tensor]] = []
+        pt = None
         if md is not None and getattr(md, "cache_seqlens_int32", None) is not None:
-            scalars.update(max_seq_len_q=int(md.max_seq_len_q), max_seq_len_k=int(md.max_seq_len_k))
+            scalars["max_seq_len_q"] = int(md.max_seq_len_q)
+            mk = getattr(md, "max_seq_len_k", None)  # absent from 0.5.14: recorded as absent, never derived
+            if mk is not None:
+                scalars["max_seq_len_k"] = int(mk)
             if prep.phase == GraphPhase.CAPTURE:
                 self._frozen[key] = int(md.max_seq_len_q)
             frozen = self._frozen.get(key) if prep.phase == GraphPhase.REPLAY else None
@@ -332,21 +738,41 @@ class SglangTracer:
                 t = getattr(md, attr, None)
                 if t is not None:
                     arrays.append((name, t))
-        width = -(-int(scalars.get("max_seq_len_k", 0)) // P)
-        arrays += [("seq_lens", seq), ("seq_lens_cpu", seq_cpu), ("req_pool_indices", rpi)]
+            pt = getattr(md, "page_table", None)
+            self._step_features(md)
+        r2t = be.req_to_token
+        crop_live = False
+        if "max_seq_len_k" in scalars:
+            width = -(-int(scalars["max_seq_len_k"]) // P)
+        else:
+            # Without max_seq_len_k the live width is the recorded cache_seqlens' (cropped on the host once the
+            # copies land: no sync here). Copied: up to a bound from the host mirror when there is one, else all.
+            crop_live = md is not None
+            width = int(pt.shape[1]) if isinstance(pt, torch.Tensor) and pt.dim() == 2 else 0
+            if seq_cpu is not None and seq_cpu.numel():
+                bound = -(-(int(seq_cpu.max()) + T + int(getattr(be, "speculative_step_id", 0) or 0) + 1) // P)
+                width = min(width, bound) if width else bound
+            width = min(width, -(-int(r2t.shape[1]) // P))
+        arrays += [("seq_lens", seq), ("req_pool_indices", rpi)]
+        if seq_cpu is not None:
+            arrays.append(("seq_lens_cpu", seq_cpu))
         if pos is not None:
             arrays.append(("positions", pos))
         if loc is not None:
             arrays.append(("out_cache_loc", loc))
-        r2t = be.req_to_token
-        cols = torch.arange(0, width * P, P, device=r2t.device)
-        arrays.append(("req_to_token_page_starts", r2t[rpi.to(r2t.device).long()[:, None], cols[None, :]]))
+        if with_metadata:
+            cols = torch.arange(0, width * P, P, device=r2t.device)
+            arrays.append(("req_to_token_page_starts", r2t[rpi.to(r2t.device).long()[:, None], cols[None, :]]))
         spec = getattr(src, "spec_info", None) or getattr(fb, "spec_info", None)
         tok = getattr(spec, "draft_token", None) if mode == ForwardMode.TARGET_VERIFY else None
         acc = getattr(spec, "num_accept_tokens", None) if mode == ForwardMode.DRAFT_EXTEND else None
         if isinstance(acc, torch.Tensor):
             arrays.append(("accept_lens", acc.reshape(-1)[:rows]))
         p = self._snapshot(arrays, crop={"page_table": width, "req_to_token_page_starts": width})
+        p.crop_live = crop_live
+        if not with_metadata:
+            # The batch's own arrays only build the request rows: the step says nothing it cannot vouch for.
+            p.hidden = frozenset(a[0] for a in p.arrays) | {"draft_tokens"}
         if mode in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND) and \
                 self._last_mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.DECODE) and \
                 prep.phase != GraphPhase.CAPTURE and (mode != ForwardMode.DRAFT_DECODE or step_id == 0):
@@ -358,7 +784,7 @@ class SglangTracer:
         p.step_kw = dict(
             iteration=-1 if prep.phase == GraphPhase.CAPTURE else self._iteration, mode=mode, model=model,
             step_id=step_id, batch_size=rows, padded_batch_size=bs, graph=prep.phase, tokens_per_request=T,
-            num_draft_tokens=scalars["backend_num_draft_tokens"], page_size=P, start_ns=start_ns,
+            num_draft_tokens=int(be.speculative_num_draft_tokens or 1), page_size=P, start_ns=start_ns,
             end_ns=time.perf_counter_ns(), scalars=scalars)
         # A capture runs on fill values, not requests: like the engine's capture steps it has no request rows.
         if prep.phase != GraphPhase.CAPTURE:
@@ -411,7 +837,8 @@ class SglangTracer:
         rpi = arr["req_pool_indices"].tolist()
         if raw_bs is None:
             raw_bs = next((i for i, x in enumerate(rpi) if x == 0), len(rpi)) or len(rpi)
-        seq = arr["seq_lens_cpu"][:raw_bs].tolist()
+        # The host mirror when the batch had one, else the device lengths (copied without a sync).
+        seq = arr.get("seq_lens_cpu", arr["seq_lens"])[:raw_bs].tolist()
         slots = rpi[:raw_bs]
         out = []
         rids = list(rids) if isinstance(rids, (list, tuple)) and len(rids) >= raw_bs else [None] * raw_bs
@@ -489,7 +916,16 @@ class SglangTracer:
             self.writer.write_step(self._to_step(p))
 
     def _to_step(self, p: _Pending) -> Step:
-        arrays = tuple(ArraySnapshot(n, dt, sh, ptr, np.ascontiguousarray(h.numpy())) for n, h, dt, sh, ptr in p.arrays)
+        host = {n: h.numpy() for n, h, *_ in p.arrays}
+        if p.crop_live and "cache_seqlens" in host:
+            # The pages the kernels read: ceil(cache_seqlens / P) for every row the metadata holds.
+            cs = host["cache_seqlens"]
+            width = -(-int(cs.max()) // p.step_kw["page_size"]) if cs.size else 0
+            for n in ("page_table", "req_to_token_page_starts"):
+                if n in host and host[n].ndim == 2:
+                    host[n] = host[n][:, : max(width, 0)]
+        arrays = tuple(ArraySnapshot(n, dt, sh, ptr, np.ascontiguousarray(host[n]))
+                       for n, _h, dt, sh, ptr in p.arrays if n not in p.hidden)
         spans = []
         for stream, name, a, b in p.spans:
             if isinstance(a, torch.cuda.Event):
@@ -508,10 +944,10 @@ class SglangTracer:
         reqs: list[dict[str, Any]] = []
         if p.req_args is not None:
             kw["batch_size"], reqs = self._requests(p)
-        tok = next((a for a in arrays if a.name == "draft_tokens"), None)
+        tok = host.get("draft_tokens")  # also when hidden: the request rows carry the drafts either way
         T = kw["tokens_per_request"]
-        if tok is not None and kw["mode"] == ForwardMode.TARGET_VERIFY and tok.values.size >= len(reqs) * T:
-            rows = tok.values[: len(reqs) * T].reshape(len(reqs), T)
+        if tok is not None and kw["mode"] == ForwardMode.TARGET_VERIFY and tok.size >= len(reqs) * T:
+            rows = tok.reshape(-1)[: len(reqs) * T].reshape(len(reqs), T)
             for b, r in enumerate(reqs):  # the root (the last verify's bonus token) is not a draft
                 r["draft_tokens"] = tuple(int(x) for x in rows[b, 1:])
         if kw["mode"] == ForwardMode.TARGET_VERIFY:
@@ -541,21 +977,45 @@ class SglangTracer:
             return {}
         return {int(s): int(n) for s, n in zip(rpi.tolist(), acc.tolist(), strict=False)}
 
+    def _step_features(self, md: Any) -> None:
+        """Unmodelled features a step's metadata shows in use (0.5.16+ ragged verify, SWA, CP zigzag)."""
+        if getattr(md, "is_ragged_verify", False) is True:
+            self.note_feature("ragged verify", "per-request verify lengths; the checks assume uniform T",
+                              "metadata is_ragged_verify")
+        if getattr(md, "swa_page_table", None) is not None:
+            self.note_feature("SWA", "sliding-window layers read a translated SWA page table; specscope records the "
+                                     "full-attention one", "metadata swa_page_table")
+        if getattr(md, "zigzag_page_table", None) is not None:
+            self.note_feature("CP", "context parallel (zigzag page tables); specscope models one rank's whole "
+                                    "context", "metadata zigzag_page_table")
+
     def flush(self) -> None:
         """Write every pending step (waits for its copies) and commit."""
         with self._lock:
+            self._flush_in_graph(None)
             for p in self._pending:
                 p.hold = p.await_accept = False
             self._write_ready(force=True)
+            if self._problems_dirty:
+                self.writer  # noqa: B018 - creates the file the problems go into
+                self._write_problems()
             self.writer.flush()
 
     def close(self) -> None:
-        """Flush and close the trace; the patched classes stop recording into it."""
+        """Flush and close the trace (created now if nothing was recorded, with the reason); the patched classes
+        stop recording into it."""
         if self.closed:
             return
-        self.flush()
-        self.writer.close()
-        self.closed = True
+        with self._lock:
+            self._flush_in_graph(None)
+            if self._next + len(self._pending) == 0 and not self._problems:
+                what = "nothing recorded"
+                detail = ("no instrumented TRTLLM MHA backend prepared a forward while the trace was open" if _MODULES
+                          else "no trtllm_mha_backend module was instrumented in this process")
+                self.problem(what, detail)
+            self.flush()
+            self.writer.close()
+            self.closed = True
         if self in _ACTIVE:
             _ACTIVE.remove(self)
 
@@ -563,8 +1023,17 @@ class SglangTracer:
 _WARNED: list[str] = []
 
 
-def _safely(fn: Callable[[], object]) -> None:
-    """Run a recording step; a failure there is reported once on stderr and never reaches SGLang."""
+def _describe(e: BaseException) -> str:
+    """The exception and the innermost frame of specscope's that raised it (what a bug report needs)."""
+    here = Path(__file__).resolve().parent.parent
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve().is_relative_to(here)]
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(e).__name__}: {e}{where}"
+
+
+def _safely(fn: Callable[[], object], what: str = "recording", tracer: SglangTracer | None = None) -> None:
+    """Run a recording step; a failure there is counted in the trace's `meta.recording_problems` (`what`, the
+    exception type), said once on stderr, and never reaches SGLang (`SPECSCOPE_DEBUG=1` raises instead)."""
     try:
         fn()
     except Exception as e:  # noqa: BLE001 - the server must not die of its debugger
@@ -574,6 +1043,15 @@ def _safely(fn: Callable[[], object]) -> None:
         if msg not in _WARNED:
             _WARNED.append(msg)
             print(f"specscope: warning: sglang recording failed ({' '.join(msg.split())})", file=sys.stderr)
+        tr = tracer if tracer is not None else (_ACTIVE[-1] if _ACTIVE else None)
+        label = f"{what}: {type(e).__name__}"
+        try:
+            if tr is not None and not tr.closed:
+                tr.problem(label, _describe(e), tr._next_index())
+            else:
+                _EARLY_PROBLEMS.append((label, _describe(e)))
+        except Exception:  # noqa: BLE001 - the trace itself cannot be written: stderr has said it
+            pass
 
 
 def _call_error(call: str, e: BaseException) -> Any:
@@ -627,10 +1105,10 @@ def _recording(method: str, to_prep: Callable[..., _Prep]) -> Callable[[Callable
                 def record_error(err: BaseException = e) -> None:  # a default: Python deletes `e` after the handler
                     tr.record_prep(self, to_prep(self, *args, **kwargs), start, ev, err)
 
-                _safely(record_error)
+                _safely(record_error, method, tr)
                 raise
             _IN_PREP.reset(tok)
-            _safely(lambda: tr.record_prep(self, to_prep(self, *args, **kwargs), start, ev, None))
+            _safely(lambda: tr.record_prep(self, to_prep(self, *args, **kwargs), start, ev, None), method, tr)
             return out
 
         wrapper._specscope_original = orig  # type: ignore[attr-defined]  # an ad hoc tag on a plain function
@@ -688,6 +1166,8 @@ def _patch_backend(cls: type[Any]) -> None:
     def __init__(self: Any, model_runner: Any, *args: Any, **kwargs: Any) -> None:
         orig_init(self, model_runner, *args, **kwargs)
         self._specscope_model = "draft" if getattr(model_runner, "is_draft_worker", False) else "target"
+        _BACKENDS[:] = [r for r in _BACKENDS if r() is not None] + [weakref.ref(self)]
+        _safely(lambda: _attach(self, model_runner), "attach")
 
     saved["__init__"] = cls.__dict__.get("__init__")
     cls.__init__ = __init__
@@ -695,6 +1175,27 @@ def _patch_backend(cls: type[Any]) -> None:
         if name in cls.__dict__:
             saved[name] = cls.__dict__[name]
             setattr(cls, name, _recording(name, to_prep)(cls.__dict__[name]))
+    if IN_GRAPH in cls.__dict__:  # 0.5.15+: where a graph's metadata is computed (run inside the graph)
+        in_graph = cls.__dict__[IN_GRAPH]
+        saved[IN_GRAPH] = in_graph
+
+        @functools.wraps(in_graph)
+        def in_graph_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            tr = active_tracer()
+            try:
+                out = in_graph(self, *args, **kwargs)
+            except BaseException as e:
+                if tr is not None:
+                    def record_error(err: BaseException = e) -> None:  # a default: Python deletes `e` after it
+                        tr.record_in_graph(self, err)
+
+                    _safely(record_error, IN_GRAPH, tr)
+                raise
+            if tr is not None:
+                _safely(lambda: tr.record_in_graph(self, None), IN_GRAPH, tr)
+            return out
+
+        setattr(cls, IN_GRAPH, in_graph_wrapper)
     # The fix-up hook: wrap whatever the class resolves it to (its own, or the base class's raising default).
     hook = getattr(cls, FIXUP, None)
     saved[FIXUP] = cls.__dict__.get(FIXUP)
@@ -711,10 +1212,10 @@ def _patch_backend(cls: type[Any]) -> None:
                     def record_error(err: BaseException = e) -> None:  # a default: Python deletes `e` after the handler
                         tr.record_fixup(self, spec_info, err)
 
-                    _safely(record_error)
+                    _safely(record_error, FIXUP, tr)
                 raise
             if tr is not None:
-                _safely(lambda: tr.record_fixup(self, spec_info, None))
+                _safely(lambda: tr.record_fixup(self, spec_info, None), FIXUP, tr)
             return out
 
         setattr(cls, FIXUP, fixup)
@@ -754,9 +1255,29 @@ def instrument(module: Any, tracer: SglangTracer | None = None) -> None:
     they run unchanged."""
     _patch_backend(module.TRTLLMHAAttnBackend)
     _patch_wrapper(module.TRTLLMHAAttnMultiStepDraftBackend)
+    if module in _MODULES:
+        _MODULES.remove(module)
+    _MODULES.append(module)
     if tracer is not None and tracer in _ACTIVE:
         _ACTIVE.remove(tracer)
         _ACTIVE.append(tracer)
+
+
+def _attach(be: Any, model_runner: Any) -> None:
+    """What a just-constructed backend says about the server: server args, SGLang's spec-decoding variables, the
+    rank, the unmodelled features in use (kept on the backend; the run info reads them when the trace opens)."""
+    module = sys.modules.get(type(be).__module__)
+    mod = next((m for m in reversed(_MODULES) if m is module), _MODULES[-1] if _MODULES else module)
+    sa = _server_args(model_runner)
+    env = _spec_env(getattr(mod, "envs", None))
+    version = module_version(mod) if mod is not None else _installed_sglang_version()
+    feats = _features(be, sa, env, _facts(version))
+    be._specscope_facts = {"server_args": sa, "env": env, "parallel": parallel_facts(model_runner),
+                           "features": feats}
+    for tr in _ACTIVE:  # a backend built after the trace opened (SGLang builds the draft's after the target's)
+        if tr._writer is not None:
+            for f in feats:
+                tr.note_feature(f["feature"], f["detail"], f["source"])
 
 
 def instrument_class(cls: type) -> None:
