@@ -13,6 +13,7 @@ and keeps the state some invariants need (capture/replay, page-table buffers, co
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import numpy as np
 
 from .differential import differential_check
-from .schema import ForwardMode, GraphPhase, RequestState, RunInfo, Severity, Step, StreamSpan, Violation
+from .schema import Cell, ForwardMode, GraphPhase, RequestState, RunInfo, Severity, Step, StreamSpan, Violation
 
 if TYPE_CHECKING:
     from .reader import TraceReader
@@ -37,6 +38,10 @@ class Invariant:
     description: str
     upstream: str  # the bug or rule it comes from
     reads: str  # the recorded facts (arrays, request fields, scalars, spans, waits, errors) it judges
+    # Machine-readable form of `reads`: the recorded fields it needs (names in FACTS), so a trace that lacks one
+    # skips it (run.config["not_recorded"]) and scripts/check_coverage.py can build the fact-coverage matrix.
+    facts: tuple[str, ...] = ()
+    relations: tuple[str, ...] = ()  # the relation kinds (RELATIONS) it constrains those facts by
 
 
 _MD = "cache_seqlens, page_table"
@@ -70,16 +75,20 @@ CATALOGUE: tuple[Invariant, ...] = (
               "§3.3", "positions, cache_seqlens, request num_q_tokens"),
     Invariant("I14", E, "bounds: cache_seqlens <= max_context_len, page ids < pages in the KV pool", "§7 bounds",
               f"{_MD}, scalars max_context_len, num_kv_pages"),
-    Invariant("I15", E, "replay passes the kernels the same metadata addresses the graph captured", "G2, G3",
-              "data_ptr of cache_seqlens, cu_seqlens_q/k, page_table at capture and replay"),
-    Invariant("I16", E, "replay's max_seq_len_q == the value frozen at capture", "G4, G5",
-              "scalar max_seq_len_q at replay, captured_max_seq_len_q / max_seq_len_q at capture"),
+    Invariant("I15", E, "replay passes the kernels the same addresses the graph captured, for every array they "
+              "read through a captured address: cache_seqlens, cu_seqlens_q/k, page_table, seq_lens, "
+              "req_pool_indices", "G2, G3", "data_ptr of those arrays at capture and replay"),
+    Invariant("I16", E, "replay's max_seq_len_q, and every scalar the capture froze (captured_X / frozen_X), == the "
+              "value frozen at capture", "G4, G5",
+              "scalars max_seq_len_q, X at replay; captured_max_seq_len_q / max_seq_len_q, captured_X at capture"),
     Invariant("I17", E, "capture: every row has cache_seqlens > 0 and points at reserved page 0", "PR #26521 (G1)",
               "cache_seqlens, page_table of capture steps"),
-    Invariant("I18", E, "padded rows: seq_lens == fill value, slot 0, KV slot 0, cache_seqlens == the mode "
-              "formula over the fill value, and every page they read is page 0", "§6.1",
-              "seq_lens, req_pool_indices, out_cache_loc, cache_seqlens, page_table of rows [bs, padded bs); "
-              "scalar seq_len_fill_value"),
+    Invariant("I18", E, "padded rows: seq_lens (and seq_lens_cpu) == fill value, slot 0, KV slot 0, cache_seqlens "
+              "== the mode formula over the fill value, every page they read is page 0, and each padded row's "
+              "cu_seqlens_q span == the live rows' span (positions of padded rows are not constrained: replay copies "
+              "only the live tokens' positions)", "§6.1",
+              "seq_lens, seq_lens_cpu, req_pool_indices, out_cache_loc, cache_seqlens, page_table, cu_seqlens_q of "
+              "rows [bs, padded bs); scalar seq_len_fill_value"),
     Invariant("I19", E, "replay: no page-table cell the kernels read is left over from an earlier batch (it "
               "differs from req_to_token and still holds what the graph's buffer held before)", "G3",
               "page_table and its data_ptr over capture/replay steps, req_to_token_page_starts, cache_seqlens"),
@@ -107,21 +116,133 @@ CATALOGUE: tuple[Invariant, ...] = (
               "cu_seqlens_q[b] == row b's query tokens", "G6", "cu_seqlens_q, request num_q_tokens"),
     Invariant("I34", E, "the host mirror seq_lens_cpu == the device seq_lens the kernels' metadata came from",
               "§7 I9 (stale CPU mirror)", "seq_lens_cpu, seq_lens"),
-    Invariant("I35", W, "acceptance collapse: a stretch of verifies where every row accepts only the bonus token, "
-              "or every draft token is the same token", "§6.4 symptoms",
+    Invariant("I35", W, "acceptance collapse: 4 verifies in a row where every row drafted one repeated token and "
+              "accepted only the bonus (both at once: repeated text alone is legal), or 16 where every row accepted "
+              "only the bonus", "§6.4 symptoms",
               "request accept_length, draft_tokens over consecutive verify steps"),
     Invariant("D1", E, "sampled attention: kernel output == float64 attention over the metadata it consumed",
               "differential (--record-attention)", f"attn_q, attn_out, attn_kv, attn_page_ids, {_MD}"),
     Invariant("D2", E, "sampled attention: output == attention over the request's own KV (req_to_token, positions)",
               "differential (--record-attention)", "attn_q, attn_out, attn_kv, req_to_token_page_starts, positions"),
 )
-BY_ID = {i.check_id: i for i in CATALOGUE}
+_NEW: tuple[Invariant, ...] = (
+    Invariant("I36", E, "within a live row, the logical pages it reads map to distinct physical pages (page_table "
+              "and req_to_token)", "§7 page contiguity", "page_table, req_to_token_page_starts, cache_seqlens"),
+    Invariant("I37", E, "no live row reads or writes the reserved page 0 (page_table, req_to_token, out_cache_loc "
+              "of its query tokens)", "§6.1 (page 0 is the padding page)",
+              "page_table, req_to_token_page_starts, out_cache_loc, cache_seqlens, request rows"),
+    Invariant("I38", E, "ownership across the live rows of a step: no KV write slot (out_cache_loc) written by two "
+              "query tokens, no request-pool slot (req_pool_indices) or request id in two rows",
+              "allocator / scheduler bugs", "out_cache_loc, req_pool_indices, request slot and request_id"),
+    Invariant("I39", E, "identity: req_pool_indices[b] == request row b's slot; seq_lens[b] == row b's length by "
+              "mode (draft decode / verify S, decode S+1, draft extend S+T, extend the full length); a uniform-q "
+              "row's query tokens == T", "§3.2, §7", "req_pool_indices, seq_lens, request slot / seq_len_before / "
+              "seq_len_after / num_q_tokens, T"),
+    Invariant("I40", E, "one iteration: a request's draft steps, verify and draft extend start from one length "
+              "(an extend's seq_len_after when it joined this iteration), the draft extend runs the verify's window "
+              "T, and every page two steps both read is the same page", "§4 (the EAGLE loop)",
+              "request seq_len_before/after, num_q_tokens, T, req_to_token_page_starts, cache_seqlens, iteration"),
+    Invariant("I41", E, "a request's life: the page (so the KV slot) a committed position maps to never changes "
+              "while the request lives (a new extend starts a new life)", "§4.3 commit, radix-cache bugs",
+              "req_to_token_page_starts, request seq_len_before, request_id, across steps"),
+    Invariant("I42", E, "numerics: recorded attention inputs and outputs of the live rows are finite (padded rows' "
+              "query/output rows and the reserved page 0 excluded: their contract allows garbage)",
+              "NaN / Inf propagation", "attn_q, attn_out, attn_kv, attn_page_ids, attn_scaling"),
+)
+CATALOGUE = CATALOGUE + _NEW
 
-COLLAPSE_VERIFIES = 16  # I35: consecutive verify steps that make a stretch
+# The relation kinds the fact-coverage matrix (docs/checks.md) has a column for.
+ROW, ROWS, IDENTITY, ITERATION, LIFE, CAPTURE, NUMERICS, ACCEPTANCE = (
+    "row", "rows", "identity", "iteration", "life", "capture", "numerics", "acceptance")
+FORM, ORDER = "form", "order"  # single-fact shape / bound checks; stream order and call errors
+RELATIONS: dict[str, str] = {
+    ROW: "within a row: lengths, positions, KV slots and pages of one live row agree; distinct pages; no page 0",
+    ROWS: "across the rows of a step: ownership (no page / slot shared), padded rows' fill contract",
+    IDENTITY: "the per-row indices and lengths the kernels use == what the step's request rows say",
+    ITERATION: "across the steps of one iteration: starting length, window and pages agree",
+    LIFE: "across a request's life: committed lengths and committed KV slots carry over",
+    CAPTURE: "capture vs replay: addresses and frozen scalars",
+    NUMERICS: "finite values; differential recomputation",
+    ACCEPTANCE: "acceptance: drafts, accepted tokens, accept lengths, collapse",
+    FORM: "the fact alone: dtype, shape, bounds, alignment",
+    ORDER: "stream order and call errors",
+}
+# Every recorded field, by where it lives (per step header / scalar / array, per request row, per span).
+FACTS: dict[str, tuple[str, ...]] = {
+    "step": ("batch_size", "padded_batch_size", "tokens_per_request", "num_draft_tokens", "page_size", "step_id",
+             "iteration", "mode", "graph"),
+    "scalar": ("max_seq_len_q", "kernel_q_len", "max_seq_len_k", "max_context_len", "num_kv_pages",
+               "seq_len_fill_value", "captured_max_seq_len_q", "backend_num_draft_tokens"),
+    "array": ("cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "page_table", "seq_lens", "seq_lens_cpu",
+              "req_pool_indices", "req_to_token_page_starts", "out_cache_loc", "positions", "data_ptr", "dtype_shape",
+              "attn_q", "attn_out", "attn_kv", "attn_page_ids", "attn_scaling"),
+    "row": ("request_id", "slot", "seq_len_before", "seq_len_after", "num_q_tokens", "draft_tokens",
+            "accepted_tokens", "accept_length"),
+    "span": ("spans", "waits", "errors"),
+    "run": ("temperature",),
+}
+_CS, _PT, _R2T, _LOC, _POS = "cache_seqlens", "page_table", "req_to_token_page_starts", "out_cache_loc", "positions"
+_LEN = ("seq_len_before", "seq_len_after")
+_ATTN = ("attn_q", "attn_out", "attn_kv", "attn_page_ids", "attn_scaling")
+_META: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "I1": (("dtype_shape", _CS, "cu_seqlens_q", "cu_seqlens_k", _PT), (FORM,)),
+    "I2": (("dtype_shape", "batch_size", "padded_batch_size", "request_id"), (FORM,)),
+    "I3": ((_POS, "kernel_q_len", "cu_seqlens_q", "padded_batch_size", "mode"), (ROWS,)),
+    "I4": (("cu_seqlens_k", _CS), (ROW, ROWS)),
+    "I5": ((_CS, *_LEN, "tokens_per_request", "step_id", "mode"), (ROW, IDENTITY)),
+    "I6": (("kernel_q_len", "max_seq_len_q", "tokens_per_request"), (IDENTITY,)),
+    "I7": (("cu_seqlens_q", "tokens_per_request"), (ROW,)),
+    "I8": (("cu_seqlens_q", "kernel_q_len", "tokens_per_request", "batch_size"), (ROW, ROWS)),
+    "I9": (("max_seq_len_k", _CS), (ROWS,)),
+    "I10": ((_PT, _R2T, _CS, "page_size"), (ROW, IDENTITY)),
+    "I11": ((_R2T, "page_size"), (FORM,)),
+    "I12": ((_LOC, _PT, _CS, "num_q_tokens"), (ROW,)),
+    "I13": ((_POS, _CS, "num_q_tokens"), (ROW,)),
+    "I14": ((_CS, _PT, "max_context_len", "num_kv_pages"), (FORM,)),
+    "I15": (("data_ptr", "graph"), (CAPTURE,)),
+    "I16": (("max_seq_len_q", "captured_max_seq_len_q", "kernel_q_len", "graph"), (CAPTURE,)),
+    "I17": ((_CS, _PT, "graph"), (ROWS,)),
+    "I18": (("seq_lens", "seq_lens_cpu", "req_pool_indices", _LOC, _CS, _PT, "cu_seqlens_q", "seq_len_fill_value",
+             "batch_size", "padded_batch_size"), (ROWS,)),
+    "I19": ((_PT, "data_ptr", _R2T, _CS), (CAPTURE, ROW)),
+    "I21": (("spans", "waits"), (ORDER,)),
+    "I22": (("spans", "waits"), (ORDER,)),
+    "I28": (("errors",), (ORDER,)),
+    "K1": (("errors",), (ORDER,)),
+    "I29": ((_R2T, _CS, "request_id"), (ROWS,)),
+    "I30": ((_LOC, _R2T, _CS), (ROWS,)),
+    "I31": (("draft_tokens", "accepted_tokens", "accept_length", *_LEN, "temperature"), (ACCEPTANCE, ROW)),
+    "I32": ((*_LEN, "iteration", "request_id"), (LIFE,)),
+    "I33": (("cu_seqlens_q", "num_q_tokens"), (ROW,)),
+    "I34": (("seq_lens_cpu", "seq_lens"), (ROW,)),
+    "I35": (("accept_length", "draft_tokens"), (ACCEPTANCE,)),
+    "D1": ((*_ATTN, _CS, _PT, "kernel_q_len", "cu_seqlens_q"), (NUMERICS,)),
+    "D2": ((*_ATTN, _R2T, _POS), (NUMERICS,)),
+    "I36": ((_PT, _R2T, _CS), (ROW,)),
+    "I37": ((_PT, _R2T, _LOC, _CS, "page_size"), (ROW,)),
+    "I38": ((_LOC, "req_pool_indices", "slot", "request_id"), (ROWS,)),
+    "I39": (("req_pool_indices", "slot", "seq_lens", *_LEN, "num_q_tokens", "tokens_per_request", "step_id"),
+            (IDENTITY,)),
+    "I40": ((*_LEN, "num_q_tokens", "tokens_per_request", _R2T, _CS, "iteration", "mode"), (ITERATION,)),
+    "I41": ((_R2T, "seq_len_before", "request_id"), (LIFE,)),
+    "I42": (_ATTN, (NUMERICS,)),
+}
+CATALOGUE = tuple(dataclasses.replace(i, facts=_META[i.check_id][0], relations=_META[i.check_id][1])
+                  for i in CATALOGUE)
+BY_ID = {i.check_id: i for i in CATALOGUE}
+# Facts that live in a step's arrays or scalars: a replay recorded without metadata has none of them.
+_METADATA_FACTS = frozenset(FACTS["array"]) | frozenset(FACTS["scalar"])
+
+COLLAPSE_VERIFIES = 4  # I35: consecutive verifies of combined evidence (repeated drafts and bonus-only rows)
+BONUS_ONLY_VERIFIES = 16  # I35: consecutive verifies where every row accepted only the bonus token
 
 _UNIFORM = (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY)
 _CONTEXT = (ForwardMode.EXTEND, ForwardMode.DRAFT_EXTEND)
 _PTR_NAMES = ("cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "page_table")
+# Arrays the replayed kernels read through the address the graph captured: the attention metadata and the graph's
+# static batch inputs. Not: host mirrors (*_cpu, read by replay prep on the host), the recorder's attn_* copies, and
+# out_cache_loc / positions, which an integration may record as the live tensors replay copies from (SGLang does).
+_GRAPH_BOUND = frozenset(_PTR_NAMES) | {"seq_lens", "req_pool_indices"}
 _ROW_ARRAYS = ("cache_seqlens", "page_table", "seq_lens", "seq_lens_cpu", "req_pool_indices",
                "req_to_token_page_starts")
 HOOK = "update_verify_buffers_to_fill_after_draft"
@@ -138,13 +259,17 @@ def _short(x: object) -> str:
 class _Ctx:
     """Per-step view with helpers to emit violations."""
 
-    def __init__(self, step: Step) -> None:
+    def __init__(self, step: Step, skip: frozenset[str] = frozenset()) -> None:
         self.step = step
         self.out: list[Violation] = []
         self.a = {a.name: a for a in step.arrays}
+        self.skip = skip  # invariants whose facts this trace does not record: never judged on a made-up value
 
     def v(self, check_id: str, msg: str, request_id: int | None = None, *, array: str | None = None,
-          row: int | None = None, col: int | None = None, found: object = None, expected: object = None) -> None:
+          row: int | None = None, col: int | None = None, found: object = None, expected: object = None,
+          related: Iterable[Cell] = ()) -> None:
+        if check_id in self.skip:
+            return
         s = self.step
         where = f"step {s.index} ({s.model} {s.mode.value}"
         where += f" #{s.step_id}" if s.step_id is not None else ""
@@ -153,11 +278,17 @@ class _Ctx:
         self.out.append(Violation(
             check_id, BY_ID[check_id].severity, s.index, f"{where}{who}: {msg}", request_id, array=array, row=row,
             col=col, found=None if found is None else _short(found),
-            expected=None if expected is None else _short(expected)))
+            expected=None if expected is None else _short(expected), related=tuple(related)))
 
     def arr(self, name: str) -> np.ndarray | None:
         a = self.a.get(name)
         return None if a is None else a.values
+
+
+def cell(array: str, row: int | None = None, col: int | None = None, value: object = None,
+         step: int | None = None) -> Cell:
+    """The other side of a relation: a recorded cell with its value (`step` only when recorded at another step)."""
+    return Cell(array, row, col, None if value is None else _short(value), step)
 
 
 def _formula(step: Step, s: int, after: int) -> int:
@@ -270,13 +401,15 @@ def _check_values(c: _Ctx) -> None:
         if bad.size:
             j = int(bad[0])
             c.v("I4", f"cu_seqlens_k[{j}] = {int(cuk[j])}, prefix sum of cache_seqlens gives {int(want[j])}",
-                array="cu_seqlens_k", col=j, found=int(cuk[j]), expected=int(want[j]))
+                array="cu_seqlens_k", col=j, found=int(cuk[j]), expected=int(want[j]),
+                related=[cell("cache_seqlens", j - 1, None, int(cs[j - 1]))] if j else [])
     for b, r in enumerate(s.requests):
         e = _formula(s, r.seq_len_before, r.seq_len_after)
         if int(cs[b]) != e:
             c.v("I5", f"cache_seqlens = {int(cs[b])}, {s.mode.value} formula gives {e} "
                       f"(S = {r.seq_len_before}, T = {s.tokens_per_request})", r.request_id,
-                array="cache_seqlens", row=b, found=int(cs[b]), expected=e)
+                array="cache_seqlens", row=b, found=int(cs[b]), expected=e,
+                related=[cell("seq_len_before", b, None, r.seq_len_before)])
     live = cs[: s.batch_size]
     mk = s.scalars.get("max_seq_len_k")
     if mk is not None and live.size and mk < int(live.max()):
@@ -357,7 +490,8 @@ def _check_mirror(c: _Ctx) -> None:
         rid = c.step.requests[b].request_id if b < len(c.step.requests) else None
         c.v("I34", f"seq_lens_cpu[{b}] = {int(host[b])} but the device seq_lens[{b}] = {int(dev[b])} "
                    f"({bad.size} rows): the refresh width and the kernels' lengths come from different values", rid,
-            array="seq_lens_cpu", row=b, found=int(host[b]), expected=int(dev[b]))
+            array="seq_lens_cpu", row=b, found=int(host[b]), expected=int(dev[b]),
+            related=[cell("seq_lens", b, None, int(dev[b]))])
 
 
 # ---- pages and tokens ---------------------------------------------------------------------------------------
@@ -389,7 +523,7 @@ def _check_pages(c: _Ctx) -> None:
             j = int(bad[0])
             c.v("I10", f"page_table[{b}, {j}] = {int(pt[b, j])} but req_to_token gives page {int(want[j])} "
                        f"({bad.size} of {n} pages differ)", r.request_id, array="page_table", row=b, col=j,
-                found=int(pt[b, j]), expected=int(want[j]))
+                found=int(pt[b, j]), expected=int(want[j]), related=[cell(_R2T, b, j, int(starts[b, j]))])
         unaligned = np.nonzero(starts[b, :n] % p)[0]
         if unaligned.size:
             j = int(unaligned[0])
@@ -425,7 +559,8 @@ def _check_ownership(c: _Ctx) -> None:
                 c.v("I29", f"physical page {pg} is owned by request {s.requests[a].request_id} (row {a}) and by "
                            f"this request (row {b}, logical page {j}): one of them reads the other's KV",
                     s.requests[b].request_id, array="req_to_token_page_starts", row=b, col=j, found=pg,
-                    expected=f"a page no other live row owns (row {a} owns {pg})")
+                    expected=f"a page no other live row owns (row {a} owns {pg})",
+                    related=[cell(_R2T, a, int(np.nonzero(starts[a] // p == pg)[0][0]), pg * p)])
                 break
     loc = c.arr("out_cache_loc")
     if loc is None:
@@ -441,7 +576,8 @@ def _check_ownership(c: _Ctx) -> None:
                 c.v("I30", f"query token {t} writes KV slot {int(loc[start + t])}, in page {pg} that request "
                            f"{s.requests[other].request_id} (row {other}) owns: it overwrites that request's KV",
                     s.requests[b].request_id, array="out_cache_loc", row=b, col=t, found=int(loc[start + t]),
-                    expected=f"a slot outside page {pg}")
+                    expected=f"a slot outside page {pg}",
+                    related=[cell(_R2T, other, int(np.nonzero(starts[other] // p == pg)[0][0]), pg * p)])
                 break
         start += n
 
@@ -459,7 +595,7 @@ def _check_tokens(c: _Ctx) -> None:
             t = int(np.nonzero(got_pos != want_pos)[0][0])
             c.v("I13", f"positions {_short(got_pos)} but cache_seqlens {int(cs[b])} - q {n} + t gives "
                        f"{_short(want_pos)}", r.request_id, array="positions", row=b, col=t, found=int(got_pos[t]),
-                expected=int(want_pos[t]))
+                expected=int(want_pos[t]), related=[cell("cache_seqlens", b, None, int(cs[b]))])
         pages = want_pos // p
         if want_pos.size and pages.max() < pt.shape[1] and want_pos.min() >= 0:
             want_loc = pt[b, pages].astype(np.int64) * p + want_pos % p
@@ -468,7 +604,9 @@ def _check_tokens(c: _Ctx) -> None:
                 t = int(np.nonzero(got != want_loc)[0][0])
                 c.v("I12", f"query token {t} writes KV slot {int(got[t])} but the kernel reads position "
                            f"{int(want_pos[t])} from slot {int(want_loc[t])}", r.request_id, array="out_cache_loc",
-                    row=b, col=t, found=int(got[t]), expected=int(want_loc[t]))
+                    row=b, col=t, found=int(got[t]), expected=int(want_loc[t]),
+                    related=[cell("page_table", b, int(pages[t]), int(pt[b, pages[t]])),
+                             cell("positions", b, t, int(got_pos[t]) if t < got_pos.shape[0] else None)])
         start += n
 
 
@@ -487,9 +625,25 @@ def _check_padding(c: _Ctx) -> None:
         if bad.size:
             b = lo + int(bad[0])
             c.v("I18", f"padded row {b} has {name} {int(vals[b])}, {what} {want}", array=name, row=b,
-                found=int(vals[b]), expected=want)
+                found=int(vals[b]), expected=want, related=rel)
 
+    rel = [cell("seq_len_fill_value", value=fill)] if "seq_len_fill_value" in s.scalars else []
     first("seq_lens", seq, fill, "the fill value is")
+    first("seq_lens_cpu", c.arr("seq_lens_cpu"), fill, "the fill value is")
+    cuq = c.arr("cu_seqlens_q")
+    if cuq is not None and lo >= 1 and cuq.shape[0] >= hi + 1 and (s.mode in _UNIFORM
+                                                                  or s.mode == ForwardMode.DRAFT_EXTEND):
+        # Every kernel layout: the padded rows' query spans continue the live rows' stride (the kernel splits the
+        # padded tokens by it), whatever that stride is (a verify graph's buffer may keep stride K, I7).
+        stride = int(cuq[1]) - int(cuq[0])
+        spans = np.diff(cuq[lo: hi + 1].astype(np.int64))
+        bad = np.nonzero(spans != stride)[0]
+        if bad.size:
+            b = lo + int(bad[0])
+            c.v("I18", f"padded row {b} spans cu_seqlens_q[{b}:{b + 2}] = {int(cuq[b])}..{int(cuq[b + 1])}, "
+                       f"{int(spans[bad[0]])} query tokens where the live rows have {stride}", array="cu_seqlens_q",
+                row=b, col=b + 1, found=int(cuq[b + 1]), expected=int(cuq[b]) + stride,
+                related=[cell("cu_seqlens_q", 0, 1, int(cuq[1]))])
     first("req_pool_indices", rpi, 0, "padded rows use request slot")
     first("cache_seqlens", cs, _padded_formula(s, fill), f"the {s.mode.value} formula over the fill value gives")
     if cs is not None and pt is not None:
@@ -510,6 +664,180 @@ def _check_padding(c: _Ctx) -> None:
             k = lo * t + int(bad[0])
             c.v("I18", f"padded row {k // t} writes KV slot {int(loc[k])}, outside the reserved slot 0",
                 array="out_cache_loc", row=k // t, col=k % t, found=int(loc[k]), expected=0)
+
+
+def _live_reads(c: _Ctx) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """(live rows, logical pages each reads, mask of the read columns) over the recorded page-table columns."""
+    cs, pt = c.arr("cache_seqlens"), c.arr("page_table")
+    live = len(c.step.requests)
+    if cs is None or pt is None or not live or pt.ndim != 2:
+        return None
+    n = np.clip(-(-cs[:live].astype(np.int64) // c.step.page_size), 0, pt.shape[1])
+    return live, n, np.arange(pt.shape[1])[None, :] < n[:, None]
+
+
+def _first_dup(row: np.ndarray) -> tuple[int, int] | None:
+    """(earlier column, later column) of the first repeated value in `row`, or None."""
+    seen: dict[int, int] = {}
+    for j, x in enumerate(row.tolist()):
+        if x in seen:
+            return seen[x], j
+        seen[x] = j
+    return None
+
+
+def _check_row_pages(c: _Ctx) -> None:
+    """I36 (a live row's logical pages are distinct physical pages) and I37 (no live row touches page 0)."""
+    got = _live_reads(c)
+    if got is None:
+        return
+    live, n, mask = got
+    s, p = c.step, c.step.page_size
+    pt, starts = c.arr("page_table"), c.arr(_R2T)
+    tables = [("page_table", pt[:live].astype(np.int64))]  # type: ignore[index]
+    if starts is not None and starts.shape[1] == pt.shape[1]:  # type: ignore[union-attr]
+        tables.append((_R2T, starts[:live].astype(np.int64) // p))
+    for name, pages in tables:
+        # Sorting each row with unread columns set to distinct negatives finds a repeat without a Python loop.
+        keyed = np.where(mask, pages, -1 - np.arange(pages.shape[1])[None, :])
+        srt = np.sort(keyed, axis=1)
+        dup_rows = np.nonzero(np.any((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0), axis=1))[0]
+        for b in dup_rows[:1].tolist():
+            pair = _first_dup(pages[b, : n[b]])
+            assert pair is not None
+            j0, j = pair
+            scale = p if name == _R2T else 1
+            c.v("I36", f"{name}: logical pages {j0} and {j} of this row both map to physical page {int(pages[b, j])}: "
+                       "two positions share one KV slot", s.requests[b].request_id, array=name, row=b, col=j,
+                found=int(pages[b, j]) * scale, expected=f"a page other than logical page {j0}'s",
+                related=[cell(name, b, j0, int(pages[b, j0]) * scale)])
+        zero = np.argwhere((pages == 0) & mask)
+        if zero.size:
+            b, j = (int(x) for x in zero[0])
+            c.v("I37", f"{name}[{b}, {j}] maps logical page {j} of a live row to the reserved page 0 (the padding "
+                       "page every padded row reads and writes)", s.requests[b].request_id, array=name, row=b, col=j,
+                found=0, expected="a page > 0")
+    loc = c.arr(_LOC)
+    if loc is not None and loc.ndim == 1:
+        ntok = min(sum(_q_lens(s)), loc.shape[0])
+        z = np.nonzero(loc[:ntok] // p == 0)[0]
+        if z.size:
+            k = int(z[0])
+            b, t = _token_row(s, k)
+            c.v("I37", f"query token {t} of a live row writes KV slot {int(loc[k])}, in the reserved page 0",
+                s.requests[b].request_id if b < live else None, array=_LOC, row=b, col=t, found=int(loc[k]),
+                expected=f">= {p}")
+
+
+def _token_row(s: Step, k: int) -> tuple[int, int]:
+    """(row, token within the row) of query token k of the live rows."""
+    start = 0
+    for b, n in enumerate(_q_lens(s)):
+        if k < start + n:
+            return b, k - start
+        start += n
+    return len(s.requests), k - start
+
+
+def _check_row_ownership(c: _Ctx) -> None:
+    """I38: no KV write slot, request-pool slot or request id used by two live rows (tokens) of one step."""
+    s = c.step
+    live = len(s.requests)
+    if not live:
+        return  # a capture has no request rows: its rows are all dummies
+    loc = c.arr(_LOC)
+    if loc is not None and loc.ndim == 1:
+        ntok = min(sum(_q_lens(s)), loc.shape[0])
+        w = loc[:ntok]
+        if np.unique(w).size != ntok:
+            pair = _first_dup(w)
+            assert pair is not None
+            (b0, t0), (b, t) = _token_row(s, pair[0]), _token_row(s, pair[1])
+            c.v("I38", f"query token {t} of row {b} writes KV slot {int(w[pair[1]])}, which token {t0} of row {b0} "
+                       "also writes: one of the two KV entries is lost", s.requests[b].request_id, array=_LOC, row=b,
+                col=t, found=int(w[pair[1]]), expected="a slot no other token writes",
+                related=[cell(_LOC, b0, t0, int(w[pair[0]]))])
+    rpi = c.arr("req_pool_indices")
+    for name, vals in (("req_pool_indices", None if rpi is None else rpi[:live]),
+                       ("slot", np.array([r.slot for r in s.requests])),
+                       ("request_id", np.array([r.request_id for r in s.requests]))):
+        if vals is not None and vals.size and np.unique(vals).size != vals.size:
+            pair = _first_dup(vals)
+            assert pair is not None
+            b0, b = pair
+            c.v("I38", f"{name} {int(vals[b])} is used by live rows {b0} and {b}: they read and write one "
+                       "req_to_token row", s.requests[b].request_id, array=name, row=b, found=int(vals[b]),
+                expected=f"a {name} no other live row has", related=[cell(name, b0, None, int(vals[b0]))])
+
+
+def _seq_lens_offset(step: Step) -> int:
+    """cache_seqlens - seq_lens by mode: draft step i attends S + i + 1 from seq_lens S; verify S + T from S."""
+    if step.mode == ForwardMode.DRAFT_DECODE:
+        return (step.step_id or 0) + 1
+    return step.tokens_per_request if step.mode == ForwardMode.TARGET_VERIFY else 0
+
+
+def _check_identity(c: _Ctx) -> None:
+    """I39: the per-row indices and lengths the kernels use are the request rows' own."""
+    s = c.step
+    live = len(s.requests)
+    if not live:
+        return
+    rpi = c.arr("req_pool_indices")
+    if rpi is not None and rpi.ndim == 1:
+        want = np.array([r.slot for r in s.requests], dtype=np.int64)
+        bad = np.nonzero(rpi[:live].astype(np.int64) != want)[0]
+        if bad.size:
+            b = int(bad[0])
+            c.v("I39", f"req_pool_indices[{b}] = {int(rpi[b])} but request row {b} is in slot {int(want[b])}: the "
+                       "kernels read another request's req_to_token row", s.requests[b].request_id,
+                array="req_pool_indices", row=b, found=int(rpi[b]), expected=int(want[b]),
+                related=[cell("slot", b, None, int(want[b]))])
+    seq = c.arr("seq_lens")
+    if seq is not None and seq.ndim == 1:
+        off = _seq_lens_offset(s)
+        want = np.array([_formula(s, r.seq_len_before, r.seq_len_after) - off for r in s.requests], dtype=np.int64)
+        bad = np.nonzero(seq[:live].astype(np.int64) != want)[0]
+        if bad.size:
+            b = int(bad[0])
+            r = s.requests[b]
+            c.v("I39", f"seq_lens[{b}] = {int(seq[b])} but request row {b} gives {int(want[b])} for {s.mode.value} "
+                       f"(S = {r.seq_len_before}, after = {r.seq_len_after})", r.request_id, array="seq_lens", row=b,
+                found=int(seq[b]), expected=int(want[b]), related=[cell("seq_len_before", b, None, r.seq_len_before)])
+    if s.mode in _UNIFORM:
+        for b, r in enumerate(s.requests):
+            if r.num_q_tokens != s.tokens_per_request:
+                c.v("I39", f"request row {b} has {r.num_q_tokens} query tokens but the {s.mode.value} runs T = "
+                           f"{s.tokens_per_request} per row", r.request_id, array="num_q_tokens", row=b,
+                    found=r.num_q_tokens, expected=s.tokens_per_request,
+                    related=[cell("tokens_per_request", value=s.tokens_per_request)])
+                break
+
+
+def _check_finite(c: _Ctx) -> None:
+    """I42: the recorded attention inputs and outputs of live rows hold no NaN / Inf."""
+    s = c.step
+    if not s.requests:
+        return
+    ntok = sum(_q_lens(s))
+    ids = c.arr("attn_page_ids")
+    for name in ("attn_q", "attn_out", "attn_kv", "attn_scaling"):
+        vals = c.arr(name)
+        if vals is None or vals.dtype.kind != "f":
+            continue
+        if name in ("attn_q", "attn_out"):
+            vals = vals[:ntok]  # padded rows' tokens may hold anything
+        elif name == "attn_kv" and ids is not None and ids.shape[0] == vals.shape[0]:
+            vals = vals[ids != 0]  # page 0 is where padded rows write
+        fin = np.isfinite(vals)
+        if not fin.all():
+            bad = np.argwhere(~fin)[0]
+            k = int(bad[0])
+            row, col = (_token_row(s, k) if name in ("attn_q", "attn_out") else (None, k))
+            what = f"token {col} of row {row}" if row is not None else f"entry {k}"
+            c.v("I42", f"{name} holds a non-finite value ({vals[tuple(bad)]}) at {what} ({int((~fin).sum())} "
+                       "values): the kernel consumed or produced NaN / Inf", array=name, row=row, col=col,
+                found=str(vals[tuple(bad)]), expected="finite")
 
 
 def _check_capture(c: _Ctx) -> None:
@@ -598,17 +926,32 @@ class _GraphState:
         if cap is None:
             return
         capa = {a.name: a for a in cap.arrays}
-        for name in _PTR_NAMES:
-            a, b = c.a.get(name), capa.get(name)
-            if a is not None and b is not None and a.data_ptr != b.data_ptr:
-                c.v("I15", f"{name} at 0x{a.data_ptr:x}, but the graph captured 0x{b.data_ptr:x} "
-                           f"(step {cap.index}): the kernels read the captured address", array=name,
-                    found=f"0x{a.data_ptr:x}", expected=f"0x{b.data_ptr:x}")
+        for a in c.step.arrays:
+            b = capa.get(a.name)
+            # An address of 0 was not recorded.
+            if b is None or a.name not in _GRAPH_BOUND or not a.data_ptr or not b.data_ptr:
+                continue
+            if a.data_ptr != b.data_ptr:
+                c.v("I15", f"{a.name} at 0x{a.data_ptr:x}, but the graph captured 0x{b.data_ptr:x} "
+                           f"(step {cap.index}): the kernels read the captured address", array=a.name,
+                    found=f"0x{a.data_ptr:x}", expected=f"0x{b.data_ptr:x}",
+                    related=[cell(f"{a.name}.data_ptr", value=f"0x{b.data_ptr:x}", step=cap.index)])
         frozen = cap.scalars.get("captured_max_seq_len_q", cap.scalars.get("max_seq_len_q"))
         now = s.scalars.get("max_seq_len_q")
         if frozen is not None and now is not None and now != frozen:
+            name = "captured_max_seq_len_q" if "captured_max_seq_len_q" in cap.scalars else "max_seq_len_q"
             c.v("I16", f"max_seq_len_q = {now} at replay prep, the graph froze {frozen} at capture",
-                array="max_seq_len_q", found=now, expected=frozen)
+                array="max_seq_len_q", found=now, expected=frozen, related=[cell(name, value=frozen, step=cap.index)])
+        for key_name, val in cap.scalars.items():
+            # Every other scalar the capture says it froze into the graph (captured_X / frozen_X) binds X.
+            for prefix in ("captured_", "frozen_"):
+                if key_name.startswith(prefix) and key_name != "captured_max_seq_len_q":
+                    base = key_name[len(prefix):]
+                    got = s.scalars.get(base)
+                    if base != "max_seq_len_q" and got is not None and got != val:
+                        c.v("I16", f"{base} = {got} at replay prep, the graph froze {key_name} = {val} at capture "
+                                   f"(step {cap.index})", array=base, found=got, expected=val,
+                            related=[cell(key_name, value=val, step=cap.index)])
 
 
 class _PageBuffers:
@@ -637,7 +980,8 @@ class _PageBuffers:
                     c.v("I19", f"page_table[{b}, {j}] = {int(pt[b, j])} is what the graph's buffer held at step "
                                f"{since}, but req_to_token gives page {int(want[j])} ({stale.size} stale cells in "
                                "this row): replay prep did not refresh it", r.request_id, array="page_table", row=b,
-                        col=j, found=int(pt[b, j]), expected=int(want[j]))
+                        col=j, found=int(pt[b, j]), expected=int(want[j]),
+                        related=[cell(_R2T, b, j, int(starts[b, j])), cell("page_table", b, j, int(held[b, j]), since)])
         rows = max(pt.shape[0], prev[0].shape[0] if prev else 0)
         cols = max(pt.shape[1], prev[0].shape[1] if prev else 0)
         new = np.full((rows, cols), -1, dtype=np.int64)
@@ -647,20 +991,144 @@ class _PageBuffers:
         self.held[key] = (new, s.index)
 
 
+class _Requests:
+    """I40 (the steps of one iteration agree per request) and I41 (a committed position keeps its page for life).
+
+    Per request it keeps the page start of every logical page some step read (req_to_token), with the step,
+    row and iteration that recorded it. A later step must read the same page where one of its own iteration read
+    it (I40: within an iteration nothing is committed or freed between draft, verify and draft extend) or where
+    the page holds committed positions (I41: j * P < the step's S). An extend starts a new life (a re-prefill after
+    retraction may take its prefix from other cached pages)."""
+
+    PRUNE = 256  # iterations a request may be absent before its pages are forgotten
+
+    def __init__(self) -> None:
+        self.pages: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}  # starts, step, row, iter
+        self.seen: dict[int, int] = {}  # request id -> last iteration
+        self.iteration: int | None = None
+        self.start: dict[int, tuple[int, int, int, str]] = {}  # request id -> (length, step, row, field)
+        self.window: dict[int, tuple[int, int, int, int]] = {}  # request id -> (T, accept length, step, row)
+        self.pruned_at = 0
+
+    def gap(self) -> None:
+        """Steps are missing: forget the iteration; committed pages stay (a committed slot never moves)."""
+        self.iteration = None
+        self.start, self.window = {}, {}
+
+    def check(self, c: _Ctx) -> None:
+        s = c.step
+        if s.iteration < 0 or not s.requests:
+            return
+        if s.iteration != self.iteration:
+            self.iteration, self.start, self.window = s.iteration, {}, {}
+            if s.iteration - self.pruned_at >= self.PRUNE:
+                self.pruned_at = s.iteration
+                for rid in [r for r, it in self.seen.items() if s.iteration - it > self.PRUNE]:
+                    del self.seen[rid]
+                    self.pages.pop(rid, None)
+        self._lengths(c)
+        starts = c.arr(_R2T)
+        got = _live_reads(c) if starts is not None else None
+        if got is None or starts is None or starts.ndim != 2 or starts.shape[1] != got[2].shape[1]:
+            for r in s.requests:
+                self.seen[r.request_id] = s.iteration
+            return
+        _, n, _ = got
+        p = s.page_size
+        for b, r in enumerate(s.requests):
+            rid = r.request_id
+            self.seen[rid] = s.iteration
+            nb = int(n[b])
+            row = starts[b, :nb].astype(np.int64)
+            held = self.pages.get(rid)
+            if held is not None and s.mode == ForwardMode.EXTEND and held[3].max(initial=-1) < s.iteration:
+                held = None  # a new life
+            if held is None:
+                self._store(rid, row, s, b, None)
+                continue
+            known, steps, rows, iters = held
+            m = min(nb, known.shape[0])
+            if m:
+                committed = np.arange(m) * p < r.seq_len_before
+                same_it = iters[:m] == s.iteration
+                bad = np.nonzero((known[:m] >= 0) & (row[:m] != known[:m]) & (same_it | committed))[0]
+                if bad.size:
+                    j = int(bad[0])
+                    was = int(steps[j])
+                    if same_it[j]:
+                        c.v("I40", f"req_to_token maps logical page {j} to slot {int(row[j])}, but step {was} of this "
+                                   f"iteration read slot {int(known[j])} there: the steps of one iteration read "
+                                   "different KV", rid, array=_R2T, row=b, col=j, found=int(row[j]),
+                            expected=int(known[j]), related=[cell(_R2T, int(rows[j]), j, int(known[j]), was)])
+                    else:
+                        c.v("I41", f"req_to_token maps logical page {j} (committed positions {j * p}.."
+                                   f"{min((j + 1) * p, r.seq_len_before) - 1}) to slot {int(row[j])}, but step {was} "
+                                   f"read slot {int(known[j])} there: committed KV moved while the request lives",
+                            rid, array=_R2T, row=b, col=j, found=int(row[j]), expected=int(known[j]),
+                            related=[cell(_R2T, int(rows[j]), j, int(known[j]), was)])
+            self._store(rid, row, s, b, held)
+
+    def _store(self, rid: int, row: np.ndarray, s: Step, b: int,
+               held: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None) -> None:
+        n = row.shape[0]
+        if held is None or held[0].shape[0] < n:
+            size = max(n, 0 if held is None else held[0].shape[0])
+            new = tuple(np.full(size, -1, np.int64) for _ in range(4))
+            if held is not None:
+                for a, old in zip(new, held, strict=True):
+                    a[: old.shape[0]] = old
+            held = new  # type: ignore[assignment]
+        assert held is not None
+        held[0][:n], held[1][:n], held[2][:n], held[3][:n] = row, s.index, b, s.iteration
+        self.pages[rid] = held
+
+    def _lengths(self, c: _Ctx) -> None:
+        """I40's lengths and window: one starting length per request and iteration; draft extend re-runs the
+        verify's window (T tokens, spec v2) or its accepted tokens (spec v1)."""
+        s = c.step
+        for b, r in enumerate(s.requests):
+            rid = r.request_id
+            if s.mode == ForwardMode.EXTEND:
+                have = self.start.get(rid)
+                if have is None:
+                    self.start[rid] = (r.seq_len_after, s.index, b, "seq_len_after")
+                elif have[0] != r.seq_len_after:
+                    c.v("I40", f"seq_len_after = {r.seq_len_after}, but step {have[1]} of this iteration made it "
+                               f"{have[0]}", rid, array="seq_len_after", row=b, found=r.seq_len_after,
+                        expected=have[0], related=[cell(have[3], have[2], None, have[0], have[1])])
+                continue
+            have = self.start.get(rid)
+            if have is None:
+                self.start[rid] = (r.seq_len_before, s.index, b, "seq_len_before")
+            elif have[0] != r.seq_len_before:
+                c.v("I40", f"seq_len_before = {r.seq_len_before}, but step {have[1]} of this iteration started this "
+                           f"request at {have[0]}: the draft, verify and draft extend disagree on its length", rid,
+                    array="seq_len_before", row=b, found=r.seq_len_before, expected=have[0],
+                    related=[cell(have[3], have[2], None, have[0], have[1])])
+            if s.mode == ForwardMode.TARGET_VERIFY:
+                self.window[rid] = (s.tokens_per_request, r.accept_length, s.index, b)
+            elif s.mode == ForwardMode.DRAFT_EXTEND and rid in self.window:
+                T, acc, at, vb = self.window[rid]
+                if r.num_q_tokens not in (T, acc):
+                    c.v("I40", f"the draft extend runs {r.num_q_tokens} query tokens, but step {at}'s verify ran T = "
+                               f"{T} and accepted {acc}", rid, array="num_q_tokens", row=b, found=r.num_q_tokens,
+                        expected=f"{T} (or {acc})", related=[cell("tokens_per_request", None, None, T, at),
+                                                             cell("accept_length", vb, None, acc, at)])
+
+
 class _Acceptance:
     """I31 per verify row, I32 across iterations, I35 over stretches of verifies."""
 
     def __init__(self, greedy: bool | None) -> None:
         self.greedy = greedy
-        self.committed: dict[int, tuple[int, int, int]] = {}  # request id -> (iteration, seq_len, step)
+        self.committed: dict[int, tuple[int, int, int, int]] = {}  # request id -> (iteration, seq_len, step, row)
         self.stretch_bonus: list[int] = []  # consecutive verify steps where every row accepted only the bonus
-        self.stretch_token: list[int] = []  # ... where every draft token was one token
-        self.token: int | None = None
+        self.stretch_token: list[int] = []  # ... where also every row drafted one repeated token
 
     def gap(self) -> None:
         """Steps are missing before the next one: forget what needs the step before it."""
         self.committed.clear()
-        self.stretch_bonus, self.stretch_token, self.token = [], [], None
+        self.stretch_bonus, self.stretch_token = [], []
 
     def check(self, c: _Ctx) -> None:
         s = c.step
@@ -671,7 +1139,7 @@ class _Acceptance:
             if last is not None and s.iteration > last[0] and r.seq_len_before != last[1]:
                 c.v("I32", f"seq_len_before = {r.seq_len_before}, but step {last[2]} (iteration {last[0]}) committed "
                            f"{last[1]}", r.request_id, array="seq_len_before", row=b, found=r.seq_len_before,
-                    expected=last[1])
+                    expected=last[1], related=[cell("seq_len_after", last[3], None, last[1], last[2])])
         # A recorder that could not see acceptance (SGLang's backend never learns it) says so; there is then no
         # recorded value to judge, which is not the same as a recorded accept length of 0.
         if s.mode == ForwardMode.TARGET_VERIFY and s.scalars.get("acceptance_recorded", 1) != 0:
@@ -679,8 +1147,8 @@ class _Acceptance:
                 self._row(c, b, r)
             self._collapse(c)
         if s.mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DECODE, ForwardMode.EXTEND):
-            for r in s.requests:
-                self.committed[r.request_id] = (s.iteration, r.seq_len_after, s.index)
+            for b, r in enumerate(s.requests):
+                self.committed[r.request_id] = (s.iteration, r.seq_len_after, s.index, b)
 
     def _row(self, c: _Ctx, b: int, r: RequestState) -> None:
         T, n = c.step.tokens_per_request, r.accept_length
@@ -713,28 +1181,27 @@ class _Acceptance:
                 rid, array="accepted_tokens", row=b, col=n - 1, found=acc[-1], expected=f"!= {drafts[n - 1]}")
 
     def _collapse(self, c: _Ctx) -> None:
+        """Combined evidence over a short window: every row drafted one repeated token *and* accepted only the
+        bonus (a draft that collapsed onto one token the target rejects). Repeated drafts alone are legal text
+        (the target accepts them); a bonus-only stretch alone needs a longer window."""
         s = c.step
         if not s.requests or s.tokens_per_request < 2:
             return
-        if all(r.accept_length == 1 for r in s.requests):
-            self.stretch_bonus.append(s.index)
-        else:
-            self.stretch_bonus = []
-        toks = {t for r in s.requests for t in r.draft_tokens}
-        if len(toks) == 1 and (self.token is None or toks == {self.token}):
-            self.token = next(iter(toks))
-            self.stretch_token.append(s.index)
-        else:
-            self.token = next(iter(toks)) if len(toks) == 1 else None
-            self.stretch_token = [s.index] if self.token is not None else []
-        if len(self.stretch_bonus) == COLLAPSE_VERIFIES:
-            c.v("I35", f"{COLLAPSE_VERIFIES} verifies in a row (steps {self.stretch_bonus[0]}..{s.index}) where every "
-                       "row accepted only the bonus token: the draft is useless or the verify attends wrongly",
-                array="accept_length", found=1, expected="> 1 somewhere")
+        bonus = all(r.accept_length == 1 for r in s.requests)
+        self.stretch_bonus = self.stretch_bonus + [s.index] if bonus else []
+        repeated = all(len(r.draft_tokens) >= 2 and len(set(r.draft_tokens)) == 1 for r in s.requests)
+        self.stretch_token = self.stretch_token + [s.index] if bonus and repeated else []
         if len(self.stretch_token) == COLLAPSE_VERIFIES:
+            toks = sorted({r.draft_tokens[0] for r in s.requests})
             c.v("I35", f"{COLLAPSE_VERIFIES} verifies in a row (steps {self.stretch_token[0]}..{s.index}) where every "
-                       f"draft token is token {self.token}: the draft collapsed", array="draft_tokens",
-                found=self.token, expected="varied drafts")
+                       f"row drafted one repeated token ({_short(toks)}) and accepted only the bonus: the draft "
+                       "collapsed", array="draft_tokens", row=0, found=s.requests[0].draft_tokens,
+                expected="varied drafts or accepted ones",
+                related=[cell("accept_length", b, None, r.accept_length) for b, r in enumerate(s.requests)])
+        if len(self.stretch_bonus) == BONUS_ONLY_VERIFIES and len(self.stretch_token) < COLLAPSE_VERIFIES:
+            c.v("I35", f"{BONUS_ONLY_VERIFIES} verifies in a row (steps {self.stretch_bonus[0]}..{s.index}) where "
+                       "every row accepted only the bonus token: the draft is useless or the verify attends wrongly",
+                array="accept_length", found=1, expected="> 1 somewhere")
 
 
 class Checker:
@@ -753,42 +1220,80 @@ class Checker:
         self._graphs = _GraphState()
         self._pages = _PageBuffers()
         self._accept = _Acceptance(None if temp is None else float(temp) <= 0)
+        self._requests = _Requests()
         self._last: int | None = None  # index of the step fed last
+        # Facts the backend does not record (run.config["not_recorded"]): the invariants that need one are skipped
+        # rather than judged on a made-up value. A trace without the key skips nothing.
+        nr = (run.config.get("not_recorded") if run is not None else None) or {}
+        fields = {str(k): str(v) for k, v in (nr.get("fields") or {}).items()}
+        self._replay_reason: str | None = nr.get("replay_metadata")
+        self._absent: dict[str, str] = {}  # invariant -> the fields it lacks and why
+        for inv in CATALOGUE:
+            lack = [f for f in inv.facts if f in fields]
+            if lack:
+                self._absent[inv.check_id] = "; ".join(f"{f}: {fields[f]}" for f in lack)
+        self._skip = frozenset(self._absent)
+        self._replay_skip = self._skip | {i.check_id for i in CATALOGUE if _METADATA_FACTS & set(i.facts)}
+        self._skipped: dict[str, int] = {}  # invariant -> steps it was skipped on
+        self._replays_skipped = 0
 
     @classmethod
     def for_trace(cls, reader: TraceReader) -> Checker:
         """A checker for the steps of `reader`'s trace: its run settings and whether it recorded wait edges."""
         return cls(reader.run, waits_recorded=reader.waits_recorded())
 
+    def not_recorded(self) -> list[tuple[str, str, int]]:
+        """(invariant, why, steps skipped) for each invariant skipped because the backend did not record a fact it
+        needs: named fields, or the metadata of CUDA-graph replays. Empty for a trace that records everything."""
+        out = []
+        for inv in CATALOGUE:
+            cid = inv.check_id
+            if cid in self._absent:
+                out.append((cid, self._absent[cid], self._skipped.get(cid, 0)))
+            elif cid in self._replay_skip and self._replays_skipped:
+                out.append((cid, f"replay metadata: {self._replay_reason}", self._replays_skipped))
+        return out
+
     def feed(self, step: Step) -> list[Violation]:
         """Every violation of `step` (a step whose arrays cannot be checked is an I2 violation, never a crash).
 
         Steps whose indexes skip (a bundle keeps the original run's numbers, with the captures it adds before its
         range) leave a gap: what the steps in it committed is unknown, so the relations between consecutive steps
-        (I32's committed lengths, I35's stretches) start afresh after it. Captures stay (I15 / I16 compare a replay
-        with its capture wherever it is), and so do the graph buffers (I19 fires only on a page the step's own
-        req_to_token contradicts)."""
+        (I32's committed lengths, I35's stretches, I40's iteration) start afresh after it. Captures stay (I15 / I16
+        compare a replay with its capture wherever it is), and so do the graph buffers (I19 fires only on a page the
+        step's own req_to_token contradicts) and committed pages (I41: a committed slot never moves)."""
         if self._last is not None and step.index > self._last + 1:
             self._accept.gap()
+            self._requests.gap()
         self._last = step.index
-        c = _Ctx(step)
+        skip = self._skip
+        if self._replay_reason and step.graph == GraphPhase.REPLAY and not step.arrays and not step.scalars:
+            skip = self._replay_skip  # metadata computed inside the graph: nothing recorded to judge
+            self._replays_skipped += 1
+        for cid in self._absent:
+            self._skipped[cid] = self._skipped.get(cid, 0) + 1
+        c = _Ctx(step, skip)
         rows_ok = True
         if step.arrays:
             rows_ok = _guard(c, _check_shapes, default=False)
             _guard(c, _check_query_tokens)
             if rows_ok:
                 for f in (_check_values, _check_verify_and_extend, _check_context_boundaries, _check_mirror,
-                          _check_pages, _check_ownership, _check_tokens, _check_padding):
+                          _check_pages, _check_ownership, _check_tokens, _check_padding, _check_row_pages,
+                          _check_row_ownership, _check_identity):
                     _guard(c, f)
                 if step.graph == GraphPhase.CAPTURE:
                     _guard(c, _check_capture)
             _guard(c, self._graphs.check)
             _guard(c, lambda c: self._pages.check(c, rows_ok))
             if rows_ok and step.array("attn_q") is not None:
-                _guard(c, lambda c: c.out.extend(differential_check([step])))
+                _guard(c, _check_finite)
+                _guard(c, lambda c: c.out.extend(v for v in differential_check([step]) if v.check_id not in c.skip))
         _guard(c, lambda c: _check_streams(c, self._waits_recorded))
         _guard(c, _check_errors)
         _guard(c, self._accept.check)
+        if rows_ok:
+            _guard(c, self._requests.check)
         return c.out
 
 

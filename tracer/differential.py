@@ -103,10 +103,12 @@ def differential_check(steps: Iterable[Step], tol: float = REL_TOL) -> Iterator[
     """Violations D1 / D2 for sampled steps whose recomputed attention disagrees with the kernel's output."""
     for step in steps:
         for cid, b, rid, err in diff_step(step):
-            if err > tol:
+            # NaN > tol is False: a non-finite difference is a mismatch, never a pass.
+            if not err <= tol:
                 what = ("the kernel's output differs from attention over the metadata it was given" if cid == "D1"
                         else "the output differs from attention over the request's own KV (req_to_token, positions)")
                 yield Violation(cid, Severity.ERROR, step.index,
                                 f"step {step.index} ({step.model} {step.mode.value}) request {rid} row {b}: {what}: "
-                                f"rel. error {err:.3g} > {tol:g}", rid, array="attn_out", row=b,
+                                f"rel. error {err:.3g} > {tol:g}" + (" (non-finite: NaN / Inf in the output or the "
+                                "recomputation)" if not np.isfinite(err) else ""), rid, array="attn_out", row=b,
                                 found=f"rel. error {err:.3g}", expected=f"<= {tol:g}")
