@@ -481,4 +481,5 @@ def severity_of(name: str) -> Severity:
     return Severity(name)
 
 
-__all__ = ["QueryMixin", "SpanBins", "StepBins", "StepFilter", "StepIndex", "ViolationFilter", "index_runs", "index_runs_text", "summary_fields", "replace"]
+__all__ = ["QueryMixin", "SpanBins", "StepBins", "StepFilter", "StepIndex", "ViolationFilter", "index_runs",
+           "index_runs_text", "summary_fields", "replace"]

@@ -625,7 +625,8 @@ class TraceReader(QueryMixin):
         else:
             with self._guard("binning spans"):
                 rows = self._conn.execute(
-                    f"SELECT ((step - {start}) * {nb}) / {stop - start} AS b, stream, count(*), total(end_ns - start_ns),"
+                    f"SELECT ((step - {start}) * {nb}) / {stop - start} AS b, stream, count(*),"
+                    " total(end_ns - start_ns),"
                     " max(end_ns - start_ns) FROM spans WHERE step >= ? AND step < ? GROUP BY b, stream ORDER BY b",
                     (start, stop)).fetchall()  # fmt: skip
         return SpanBins(edges=edges, bin=np.array([r[0] for r in rows], np.int64),

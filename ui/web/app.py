@@ -18,7 +18,7 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from specscope.tracer.errors import TraceError
 from specscope.ui import views
 
-from . import figures, pages, scripts
+from . import figures, ids, models, pages, scripts, violations
 from .routes import InputError, RouteError, parse_route, step_href
 from .source import TraceSource
 
@@ -64,7 +64,8 @@ tr.marked th,tr.marked td{background:#ffebee} .mkcell{outline:2px solid #d50000;
 .mkcell.rel{outline:2px dashed #2962ff;background:#e3f2fd} .text-table .mkrow{background:#fff3f3}
 .tbl.marks td{font-family:ui-monospace,monospace} .mkchip{border:2px solid #d50000;background:#fff}
 .filters{display:flex;flex-wrap:wrap;gap:10px 18px;align-items:center;margin:6px 0;font-size:13px}
-.filters input[type=text],.filters input[type=number]{width:90px;padding:2px 4px} .filters .wide{width:220px}
+.filters input{width:90px;padding:2px 4px} .filters input.wide{width:220px} .viol-table td{white-space:nowrap}
+.viol-table td:last-child{white-space:normal}
 .filters label{margin-right:6px} .pager{display:flex;gap:10px;align-items:center;margin:6px 0}
 .range-boxes{display:flex;gap:8px;align-items:center;font-size:13px;margin:0 24px}
 .range-boxes input{width:90px}
@@ -132,6 +133,13 @@ def _int(x: object, name: str, lo: int = 0, hi: int = 10**9) -> int:
     if isinstance(x, bool) or not isinstance(x, (int, float)) or x != int(x) or not lo <= int(x) <= hi:
         raise InputError(f"{name} must be an integer in [{lo}, {hi}], not {str(x)[:40]!r}")
     return int(x)
+
+
+def _box(x: object, name: str, hi: int) -> int:
+    """A step-range box's text: a step index in [0, hi]."""
+    if not isinstance(x, str) or not x.strip().isdigit() or len(x.strip()) > 12:
+        raise InputError(f"{name} must be a step index, not {str(x)[:40]!r}")
+    return min(int(x.strip()), hi)
 
 
 def _clicked_step(click: object) -> int:
@@ -208,7 +216,7 @@ class Dashboard:
         if r.page == "acceptance":
             return pages.acceptance_page(self.sources)
         if r.page == "violations":
-            return pages.violations_page(src, src.violation_state())
+            return violations.page(src)
         if r.page == "compare":
             if "b" not in self.sources:
                 return pages.compare_page(src, None, None)
@@ -381,34 +389,52 @@ def _register(app: Dash, d: Dashboard) -> None:
             return no_update, f"cannot read the trace: {e}", True
         return (d.version if grew else no_update), _live_text(d), not d.needs_poll()
 
-    @app.callback(Output("tl-gantt", "figure"), Output("tl-overlap", "figure"), Output("tl-overview", "figure"),
-                  Output("tl-stats", "children"), Output("tl-gaps", "children"), Input("tl-range", "value"),
-                  prevent_initial_call=True)
-    @_safe(lambda m: (figures.empty_figure(m),) * 3 + (pages.error_panel(m), ""))
-    def window(value: object) -> Any:
-        if not isinstance(value, list) or len(value) != 2:
-            raise InputError("the step range must be two step indexes")
+    @app.callback(Output(ids.TL_GANTT, "figure"), Output(ids.TL_OVERLAP, "figure"), Output(ids.TL_OVERVIEW, "figure"),
+                  Output(ids.TL_STATS, "children"), Output(ids.TL_GAPS, "children"), Output(ids.TL_RANGE, "value"),
+                  Output(ids.TL_FROM, "value"), Output(ids.TL_TO, "value"), Input(ids.TL_RANGE, "value"),
+                  Input(ids.TL_FROM, "n_submit"), Input(ids.TL_TO, "n_submit"), Input(ids.TL_OVERVIEW, "clickData"),
+                  State(ids.TL_FROM, "value"), State(ids.TL_TO, "value"), prevent_initial_call=True)
+    @_safe(lambda m: (figures.empty_figure(m),) * 3 + (pages.error_panel(m), "", no_update, no_update, no_update))
+    def window(value: object, _from_n: object, _to_n: object, click: object, box_lo: object, box_hi: object) -> Any:
         src = d.source("a")
-        top = max(src.last_index() + 1, 0)  # the slider runs over step indexes (a bundle's start late and skip)
-        lo, hi = _int(value[0], "range start", 0, top), _int(value[1], "range end", 0, top)
-        w = pages.timeline_window(src, min(lo, hi), max(lo, hi) + 1, overview=False)
+        first, last = src.first_index(), src.last_index()
+        top = max(last + 1, 0)  # the slider runs over step indexes (a bundle's start late and skip)
+        trig = dash.ctx.triggered_id
+        if trig in (ids.TL_FROM, ids.TL_TO):
+            lo, hi = _box(box_lo, "first step", top), _box(box_hi, "last step", top)
+        elif trig == ids.TL_OVERVIEW:
+            x = _clicked_step({"points": [{"x": round(click["points"][0]["x"])}]} if isinstance(click, dict)
+                              and click.get("points") and isinstance(click["points"][0], dict)
+                              and isinstance(click["points"][0].get("x"), (int, float)) else click)
+            width = pages.DEFAULT_WINDOW
+            if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+                width = max(1, value[1] - value[0] + 1)
+            lo = max(first, min(x - width // 2, last + 1 - width))
+            hi = min(last, lo + width - 1)
+        else:
+            if not isinstance(value, list) or len(value) != 2:
+                raise InputError("the step range must be two step indexes")
+            lo, hi = _int(value[0], "range start", 0, top), _int(value[1], "range end", 0, top)
+        lo, hi = min(lo, hi), max(lo, hi)
+        w = pages.timeline_window(src, lo, hi + 1, overview=False)
         shade = dash.Patch()  # only the shaded window moves: not the whole overview (~250 KB) again
         shade["layout"]["shapes"] = [w["window"]]
-        return w["gantt"], w["overlap"], shade, w["stats"], w["gaps"]
+        rng = no_update if trig == ids.TL_RANGE else [lo, hi]  # the slider is where it was moved to
+        return w["gantt"], w["overlap"], shade, w["stats"], w["gaps"], rng, str(lo), str(hi)
 
-    @app.callback(Output("tl-range", "value"), Input("tl-overview", "clickData"), State("tl-range", "value"),
+    @app.callback(Output(ids.TL_OVERVIEW, "figure", allow_duplicate=True), Input(ids.TL_OUTLIERS, "value"),
                   prevent_initial_call=True)
     @_safe(lambda m: no_update)
-    def recentre(click: object, value: object) -> Any:
-        src = d.source("a")
-        first, last = src.first_index(), src.last_index()  # indexes, as the slider's
-        x = _clicked_step({"points": [{"x": round(click["points"][0]["x"])}]} if isinstance(click, dict)
-                          and click.get("points") else click)
-        width = 100
-        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
-            width = max(1, min(pages.MAX_WINDOW, value[1] - value[0] + 1))
-        lo = max(first, min(x - width // 2, last + 1 - width))
-        return [lo, min(last, lo + width - 1)]
+    def outliers(value: object) -> Any:
+        show = isinstance(value, list) and "all" in value
+        patch = dash.Patch()
+        if show:
+            patch["layout"]["yaxis"]["autorange"] = True
+        else:
+            top, _ = models.robust_range(d.source("a").columns())
+            patch["layout"]["yaxis"]["autorange"] = False
+            patch["layout"]["yaxis"]["range"] = [0, top]
+        return patch
 
     # In the browser: a click on a Gantt bar or an overlap point opens its step without a round trip (Dash would
     # also call a server callback once for nothing when the timeline appears). The step page checks the number.
@@ -431,10 +457,4 @@ def _register(app: Dash, d: Dashboard) -> None:
         row, col = _int(p.get("y"), "row"), _int(p.get("x"), "column")
         return pages.cell_detail(views.page_grid(src.step(i)), row, col)
 
-    @app.callback(Output("viol-body", "children"), Output("viol-poll", "disabled"), Input("viol-poll", "n_intervals"),
-                  prevent_initial_call=True)
-    @_safe(lambda m: (pages.error_panel(m), True))
-    def check_more(_n: object) -> Any:
-        src = d.source("a")
-        st = src.violation_state()
-        return pages.violations_body(src, st), st.checked_steps >= st.num_steps
+    violations.register(app, d.source, _safe)

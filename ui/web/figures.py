@@ -11,10 +11,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from specscope.tracer.query import SpanBins
 from specscope.tracer.schema import SpanRow
 from specscope.ui.views import SYMBOLS, AcceptanceStats, CellKind, CellMark, PageCell, PageGrid, bin_columns
 
-from .models import GroupRow, Series, StepStreams
+from .models import GroupRow, Lanes, Series, StepStreams
 
 MODE_COLORS = {
     "EXTEND": "#8c564b", "DECODE": "#7f7f7f", "DRAFT_DECODE": "#1f77b4", "TARGET_VERIFY": "#d62728",
@@ -75,9 +76,16 @@ def empty_figure(message: str, height: int = 200) -> Figure:
 # -- timeline ------------------------------------------------------------------------------------------------
 
 
-def overview_figure(durations: dict[str, Series], window: tuple[int, int] | None = None) -> Figure:
-    """Host time per step over the whole trace, one colour per mode; binned series show mean with a min–max
-    band. The selected step window is shaded (the figure's first shape)."""
+# The overview's lanes, bottom to top, as (axis, domain): violations, graph phase, batch size, host time.
+_LANE_DOMAINS = {"yaxis4": [0.0, 0.08], "yaxis3": [0.13, 0.25], "yaxis2": [0.3, 0.44], "yaxis": [0.5, 1.0]}
+
+
+def overview_figure(durations: dict[str, Series], window: tuple[int, int] | None = None, lanes: Lanes | None = None,
+                    y_top: float | None = None, above: int = 0) -> Figure:
+    """The whole run: host time per step, one colour per mode (binned series: mean with a min–max band), over
+    lanes for batch size, captures / replays and violations. `y_top` is the top of the host-time scale (a robust
+    one, `models.robust_range`; None: every value shown), `above` the steps above it. The selected step window is
+    shaded (the figure's first shape)."""
     data: list[dict[str, Any]] = []
     binned = any(s.binned for s in durations.values())
     for mode, s in durations.items():
@@ -100,8 +108,54 @@ def overview_figure(durations: dict[str, Series], window: tuple[int, int] | None
                          "hovertemplate": f"{mode}<br>step %{{x}}<br>%{{y:.1f}} µs<extra></extra>"})
     shapes = [] if window is None else [window_shape(window)]
     title = "Host time per step" + (" (binned: mean, min–max band)" if binned else "")
-    return _figure(data, title, 260, xaxis=axis("step", **_FIXED), yaxis=axis("µs", rangemode="tozero", **_FIXED),
-                   shapes=shapes, margin=_TIMELINE_MARGIN)
+    if y_top is not None and above:
+        title += f" · {above} warm-up / capture steps above the scale"
+    layout: dict[str, Any] = {}
+    if lanes is not None and len(lanes.x):
+        data += _lane_traces(lanes)
+        layout = {
+            "yaxis2": axis("bs", domain=_LANE_DOMAINS["yaxis2"], rangemode="tozero", **_FIXED),
+            "yaxis3": axis(domain=_LANE_DOMAINS["yaxis3"], type="category", categoryorder="array",
+                           categoryarray=["replay", "capture"], **_FIXED),
+            "yaxis4": axis(domain=_LANE_DOMAINS["yaxis4"], type="category", categoryarray=["violations"],
+                           **_FIXED),
+        }  # fmt: skip
+    yaxis = axis("µs", domain=_LANE_DOMAINS["yaxis"] if layout else [0, 1], **_FIXED)
+    yaxis.update({"range": [0, y_top], "autorange": False} if y_top is not None else {"rangemode": "tozero"})
+    xaxis = axis("step", **_FIXED, **({"anchor": "y4"} if layout else {}))  # ticks under the lowest lane
+    return _figure(data, title, 420 if layout else 260, xaxis=xaxis, yaxis=yaxis, shapes=shapes,
+                   margin=_TIMELINE_MARGIN, **layout)
+
+
+def _lane_traces(ln: Lanes) -> list[dict[str, Any]]:
+    """Batch size (range per bin), captures and replays, and violations as marks on the overview's lanes."""
+    what = "steps %{customdata[0]}–%{customdata[1]}" if ln.binned else "step %{customdata[0]}"
+    span = np.column_stack([ln.lo, ln.hi]).astype(np.int64)
+    out: list[dict[str, Any]] = [
+        {"type": "scatter", "x": ln.x, "y": ln.bs_max, "yaxis": "y2", "mode": "lines", "name": "batch size",
+         "line": {"color": "#455a64", "width": 1, "shape": "hv"}, "showlegend": False,
+         "customdata": np.column_stack([span, ln.bs_min, ln.bs_max]),
+         "hovertemplate": what + "<br>batch size %{customdata[2]}–%{customdata[3]}<extra></extra>"},
+    ]
+    for name, counts, color, symbol in (("capture", ln.captures, "#6a1b9a", "diamond"),
+                                        ("replay", ln.replays, "#90a4ae", "line-ns-open")):
+        m = counts > 0
+        if m.any():
+            out.append({"type": "scatter", "x": ln.x[m], "y": [name] * int(m.sum()), "yaxis": "y3",
+                        "mode": "markers", "name": name, "showlegend": False,
+                        "marker": {"color": color, "symbol": symbol, "size": 7},
+                        "customdata": np.column_stack([span[m], counts[m]]),
+                        "hovertemplate": what + f"<br>%{{customdata[2]}} {name} steps<extra></extra>"})
+    for name, counts, color, symbol in (("errors", ln.errors, "#d50000", "x"),
+                                        ("warnings", ln.warnings, "#ef6c00", "triangle-up")):
+        m = counts > 0
+        if m.any():
+            out.append({"type": "scatter", "x": ln.x[m], "y": ["violations"] * int(m.sum()), "yaxis": "y4",
+                        "mode": "markers", "name": f"violations ({name})", "showlegend": False,
+                        "marker": {"color": color, "symbol": symbol, "size": 8},
+                        "customdata": np.column_stack([span[m], counts[m]]),
+                        "hovertemplate": what + f"<br>%{{customdata[2]}} {name}<extra></extra>"})
+    return out
 
 
 def window_shape(window: tuple[int, int]) -> dict[str, Any]:
@@ -158,6 +212,49 @@ def overlap_figure(rows: Sequence[StepStreams]) -> Figure:
     return _figure(data, title, 240, xaxis=axis("step", **_FIXED), yaxis=axis("% hidden", range=[0, 105], **_FIXED),
                    yaxis2=axis("idle µs", overlaying="y", side="right", rangemode="tozero", showgrid=False, **_FIXED),
                    margin={**_TIMELINE_MARGIN, "r": 72})
+
+
+def stream_bins_figure(sb: SpanBins) -> Figure:
+    """A window too wide to draw span by span: per bin of steps, the busy time of each stream (summed spans)."""
+    if not len(sb.bin):
+        return empty_figure("no stream spans recorded for these steps", 260)
+    lo, hi = sb.edges[:-1], sb.edges[1:] - 1
+    data = []
+    lanes = [lane for lane in LANES if (sb.stream == lane).any()] + sorted(set(sb.stream.tolist()) - set(LANES))
+    for k, lane in enumerate(lanes):
+        m = sb.stream == lane
+        b = sb.bin[m]
+        data.append({"type": "bar", "x": (lo[b] + hi[b]) / 2, "y": sb.busy_ns[m] / 1e3, "name": lane,
+                     "marker": {"color": _COLORWAY[k % len(_COLORWAY)]}, "width": np.maximum(hi[b] - lo[b], 1) * 0.9,
+                     "customdata": np.column_stack([lo[b], hi[b], sb.count[m], sb.max_ns[m] / 1e3]),
+                     "hovertemplate": "steps %{customdata[0]}–%{customdata[1]}<br>" + lane + " busy %{y:.1f} µs in "
+                                      "%{customdata[2]} spans (longest %{customdata[3]:.1f} µs)<extra></extra>"})
+    return _figure(data, "Stream busy time per bin of steps (select ≤ 300 steps for the spans themselves)", 280,
+                   barmode="group", xaxis=axis("step", **_FIXED), yaxis=axis("µs", rangemode="tozero", **_FIXED),
+                   margin=_TIMELINE_MARGIN)
+
+
+def plan_bins_figure(sb: SpanBins) -> Figure:
+    """A wide window: plan-stream time against compute time per bin of steps (the share hidden under compute is
+    per step, for windows of at most 300 steps)."""
+    plan, comp = sb.stream == "plan", sb.stream == "compute"
+    if not comp.any():
+        return empty_figure("no compute spans recorded for these steps", 220)
+    lo, hi = sb.edges[:-1], sb.edges[1:] - 1
+    busy = np.zeros(len(lo))
+    busy[sb.bin[comp]] = sb.busy_ns[comp]
+    data = []
+    if plan.any():
+        b = sb.bin[plan]
+        share = 100 * sb.busy_ns[plan] / np.maximum(busy[b], 1)
+        data.append({"type": "bar", "x": (lo[b] + hi[b]) / 2, "y": share, "name": "plan time / compute time (%)",
+                     "marker": {"color": "#6baed6"}, "width": np.maximum(hi[b] - lo[b], 1) * 0.9,
+                     "customdata": np.column_stack([lo[b], hi[b]]),
+                     "hovertemplate": "steps %{customdata[0]}–%{customdata[1]}<br>plan %{y:.0f}% of compute time"
+                                      "<extra></extra>"})
+    title = "Plan against compute per bin" + ("" if plan.any() else " (no plan-stream spans: plan stream off)")
+    return _figure(data, title, 240, xaxis=axis("step", **_FIXED), yaxis=axis("%", rangemode="tozero", **_FIXED),
+                   margin=_TIMELINE_MARGIN)
 
 
 # -- step explorer -------------------------------------------------------------------------------------------

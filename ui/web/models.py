@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 import numpy as np
-from specscope.tracer.schema import ForwardMode, SpanRow, Step, Violation
+from specscope.tracer.schema import ForwardMode, GraphPhase, SpanRow, Step, Violation
 from specscope.ui.views import AcceptanceStats, CellMark, acceptance_from_histogram
 
-from .source import MODES, Columns
+from .source import GRAPHS, MODES, Columns
 
 MAX_POINTS = 10_000  # beyond this many points a series is binned server-side
 NUM_BINS = 1_000  # bins of a binned series (a plot is ~1,000 px wide)
@@ -376,3 +376,77 @@ def mark_text(marks: Sequence[CellMark], with_cell: bool = False) -> str:
         where = cell_name(m.array, m.row, m.col) + " " if with_cell else ""
         parts.append(("◇ " if m.is_related else "✗ ") + where + m.text)
     return " · ".join(parts)
+
+
+# -- timeline lanes and scales -------------------------------------------------------------------------------
+
+CAPTURE = GRAPHS.index(GraphPhase.CAPTURE.value)
+REPLAY = GRAPHS.index(GraphPhase.REPLAY.value)
+ROBUST_QUANTILE = 0.99  # the host-time scale covers this share of the steady steps ...
+ROBUST_HEADROOM = 1.25  # ... with this much room above it
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """Per bin of steps (or per step, for a short trace): batch size range, capture / replay counts, violations."""
+
+    x: np.ndarray  # bin centre (a step index for unbinned lanes)
+    lo: np.ndarray  # first step index of the bin
+    hi: np.ndarray  # last step index of the bin
+    bs_min: np.ndarray
+    bs_max: np.ndarray
+    captures: np.ndarray
+    replays: np.ndarray
+    steps: np.ndarray
+    errors: np.ndarray  # error violations of the bin's steps
+    warnings: np.ndarray
+    binned: bool
+
+
+def lanes(cols: Columns, bins: int = NUM_BINS) -> Lanes:
+    """The timeline's lanes over every loaded step: one entry per step up to `bins` steps, else per equal bin of
+    step indexes (empty bins dropped), so a capture or a single violation is never averaged away."""
+    idx = cols.index
+    if len(idx) == 0:
+        z = np.zeros(0, np.int64)
+        return Lanes(z.astype(np.float64), z, z, z, z, z, z, z, z, z, False)
+    binned = len(idx) > bins
+    if binned:
+        edges = np.linspace(float(idx[0]), float(idx[-1]) + 1, bins + 1)
+        which = np.clip(np.searchsorted(edges, idx, side="right") - 1, 0, bins - 1)
+    else:
+        which = np.arange(len(idx))
+        bins = len(idx)
+    count = np.bincount(which, minlength=bins)
+    keep = count > 0
+
+    def agg(ufunc: np.ufunc, values: np.ndarray, init: float) -> np.ndarray:
+        out = np.full(bins, init)
+        ufunc.at(out, which, values)
+        return out[keep]
+
+    def total(values: np.ndarray) -> np.ndarray:
+        return np.bincount(which, weights=values, minlength=bins)[keep].astype(np.int64)
+
+    lo = agg(np.minimum, idx.astype(np.float64), np.inf).astype(np.int64)
+    hi = agg(np.maximum, idx.astype(np.float64), -np.inf).astype(np.int64)
+    bs = cols.batch_size.astype(np.float64)
+    return Lanes(x=(lo + hi) / 2, lo=lo, hi=hi, bs_min=agg(np.minimum, bs, np.inf).astype(np.int64),
+                 bs_max=agg(np.maximum, bs, -np.inf).astype(np.int64), captures=total(cols.graph == CAPTURE),
+                 replays=total(cols.graph == REPLAY), steps=count[keep].astype(np.int64),
+                 errors=total(cols.num_errors), warnings=total(cols.num_warnings), binned=binned)
+
+
+def robust_range(cols: Columns) -> tuple[float, int]:
+    """The top of the host-time scale (µs) that shows the steady steps, and how many steps lie above it: the
+    ROBUST_QUANTILE of the steps that are neither graph captures nor warm-up (before the first iteration), with
+    ROBUST_HEADROOM; one prefill or capture no longer sets the scale."""
+    dur = (cols.end_ns - cols.start_ns) / 1e3
+    if len(dur) == 0:
+        return 1.0, 0
+    steady = dur[(cols.graph != CAPTURE) & (cols.iteration >= 0)]
+    if len(steady) == 0:
+        steady = dur
+    top = float(np.quantile(steady, ROBUST_QUANTILE)) * ROBUST_HEADROOM
+    top = max(top, 1e-3)
+    return top, int((dur > top).sum())

@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
+import numpy as np
 from dash import dcc, html
 from dash.development.base_component import Component
 from specscope.tracer.checks import BY_ID
@@ -15,17 +16,19 @@ from specscope.ui import views
 
 from . import figures, ids, models
 from .routes import step_href
-from .source import WAIT_S, Columns, TraceSource, ViolationState
+from .source import WAIT_S, Columns, TraceSource
 
 if TYPE_CHECKING:
     from specscope.tracer.diff import Difference, DiffReport, StepDivergence
 
 DEFAULT_WINDOW = 100  # steps in the timeline's first window
-MAX_WINDOW = 300  # steps whose spans one Gantt shows (the spans of a window are decoded on demand)
+MAX_WINDOW = 300  # steps whose spans one Gantt shows; a wider window is drawn per bin of steps
+WINDOW_BINS = 200  # bins of a window wider than MAX_WINDOW
 GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False, "responsive": True}
 MAX_HTML_ROWS = 16  # request tables of bigger batches are aligned text (the browser builds 1 element, not 650)
 MAX_CHAINS = 16  # draft chains drawn as token chips (the highlighted row's too); the request table has them all
 
+_BOX = {"width": "90px"}  # a step-number box
 Cell = str | int | float | Component | None  # what a table cell (a Dash child) can hold
 
 
@@ -97,22 +100,25 @@ def default_window(src: TraceSource) -> tuple[int, int]:
         return 0, 0
     if src.is_live():
         return src.index_at(n - DEFAULT_WINDOW), src.last_index() + 1
-    return src.first_index(), src.index_at(DEFAULT_WINDOW - 1) + 1
+    # The run itself, not its warm-up: from the first step served (graph captures run before iteration 0, and
+    # one of them can be a thousand steady steps long), as far as the summaries loaded so far say.
+    cols = src.columns(0)
+    served = np.flatnonzero(cols.iteration >= 0)
+    at = src.position(int(cols.index[served[0]])) if len(served) else 0
+    at = max(0, min(at, n - DEFAULT_WINDOW))
+    return src.index_at(at), src.index_at(at + DEFAULT_WINDOW - 1) + 1
 
 
-def clamp_window(lo: int, hi: int, n: int, src: TraceSource | None = None) -> tuple[int, int, bool]:
-    """[lo, hi) of step indexes clamped to the trace and to MAX_WINDOW steps; the flag says it was cut. `n` is
-    the number of steps; `src` (when given) knows the indexes a trace holds, which a bundle's make skip."""
+def clamp_window(lo: int, hi: int, n: int, src: TraceSource | None = None) -> tuple[int, int, int]:
+    """[lo, hi) of step indexes clamped to the trace, and how many steps it holds. `n` is the number of steps;
+    `src` (when given) knows the indexes a trace holds, which a bundle's make skip."""
     first, last = (0, n - 1) if src is None else (src.first_index(), src.last_index())
     lo = max(first, min(int(lo), max(last, first)))
     hi = max(lo + 1, min(int(hi), last + 1))
     if src is None:
-        cut = hi - lo > MAX_WINDOW
-        return lo, (lo + MAX_WINDOW if cut else hi), cut
+        return lo, hi, hi - lo
     a, b = src.positions.first_at_or_after(lo), src.positions.first_at_or_after(hi)  # rows of the window
-    lo = src.index_at(a)
-    cut = b - a > MAX_WINDOW
-    return lo, (src.index_at(a + MAX_WINDOW - 1) + 1 if cut else hi), cut
+    return src.index_at(a), hi, b - a
 
 
 def loading_note(*sources: TraceSource) -> list[html.Div]:
@@ -146,26 +152,42 @@ def timeline_window(src: TraceSource, lo: int, hi: int, wait: float = WAIT_S,
     """Figures and texts of the timeline for the step window [lo, hi) (`wait`: for summaries still loading);
     without `overview`, its "window" entry is the shaded window's shape alone (the overview stays as drawn)."""
     n = src.num_steps()
-    lo, hi, cut = clamp_window(lo, hi, n, src)
+    lo, hi, count = clamp_window(lo, hi, n, src)
+    overview_fig = None
+    if overview:
+        cols = src.columns(wait)
+        top, above = models.robust_range(cols)
+        overview_fig = figures.overview_figure(models.step_durations(cols), (lo, hi), models.lanes(cols), top, above)
+    if count > MAX_WINDOW:  # too wide for span by span: per bin of steps, aggregated in SQL
+        sb = src.span_bins(lo, hi, WINDOW_BINS)
+        comp = sb.stream == "compute"
+        plan = sb.stream == "plan"
+        stats = [("window", f"steps {lo}–{hi - 1} ({count:,} steps, in {len(sb.edges) - 1} bins)"),
+                 ("plan stream busy", _ms(int(sb.busy_ns[plan].sum()))),
+                 ("compute busy", _ms(int(sb.busy_ns[comp].sum()))),
+                 ("plan hidden under compute, idle gaps", f"per step, for windows of at most {MAX_WINDOW} steps")]
+        return {"gantt": figures.stream_bins_figure(sb), "overlap": figures.plan_bins_figure(sb),
+                "overview": overview_fig, "window": figures.window_shape((lo, hi)),
+                "stats": kv_table(stats, id="tl-window-stats"),
+                "gaps": html.P(f"idle gaps are listed for windows of at most {MAX_WINDOW} steps", className="muted")}
     spans = src.spans(lo, hi)
     rows, gaps = models.step_streams(spans)
     tot = models.stream_totals(rows, gaps)
-    note = f"steps {lo}–{hi - 1}" + (f" (the first {MAX_WINDOW} of the selected range)" if cut else "")
     stats = [
-        ("window", note),
+        ("window", f"steps {lo}–{hi - 1}"),
         ("plan hidden under compute", _fmt_share(tot["plan_hidden_share"])),
         ("compute busy", _ms(int(tot["compute_ns"]))),
         ("GPU idle gaps", f"{tot['gaps']} gaps, {_ms(int(tot['idle_ns']))} "
                           f"({_fmt_share(tot['idle_share'])} of compute time)"),
     ]  # fmt: skip
-    top = sorted(gaps, key=lambda g: g.start_ns - g.end_ns)[:8]
+    top_gaps = sorted(gaps, key=lambda g: g.start_ns - g.end_ns)[:8]
     gap_rows = [(dcc.Link(f"{g.after_step} → {g.before_step}" if g.after_step != g.before_step
                           else f"inside step {g.before_step}", href=step_href(g.before_step, src.key)),
-                 views.fmt_ns(g.end_ns - g.start_ns)) for g in top]
+                 views.fmt_ns(g.end_ns - g.start_ns)) for g in top_gaps]
     return {
         "gantt": figures.gantt_figure(spans),
         "overlap": figures.overlap_figure(rows),
-        "overview": figures.overview_figure(models.step_durations(src.columns(wait)), (lo, hi)) if overview else None,
+        "overview": overview_fig,
         "window": figures.window_shape((lo, hi)),
         "stats": kv_table(stats, id="tl-window-stats"),
         "gaps": table(["largest idle gaps (steps)", "idle"], gap_rows) if gap_rows else html.P("no compute idle gaps"),
@@ -186,13 +208,25 @@ def timeline_page(src: TraceSource) -> html.Div:
         html.H2("Timeline"),
         html.P(_trace_line(src), className="muted"),
         *loading_note(src),
-        graph("tl-overview", w["overview"]),
+        dcc.Checklist(id=ids.TL_OUTLIERS, options=[{"label": " show warm-up and capture outliers (full host-time "
+                                                             "scale)", "value": "all"}], value=[], inline=True),
+        graph(ids.TL_OVERVIEW, w["overview"]),
         html.Div([
             html.Label("step range"),
-            dcc.RangeSlider(id="tl-range", min=first, max=max(last, first + 1), step=1, value=[lo, max(lo, hi - 1)],
-                            marks=marks, allowCross=False, updatemode="mouseup",
+            dcc.RangeSlider(id=ids.TL_RANGE, min=first, max=max(last, first + 1), step=1,
+                            value=[lo, max(lo, hi - 1)], marks=marks, allowCross=False, updatemode="mouseup",
+                            allow_direct_input=False,  # its own boxes commit on blur: ours below commit on Enter
                             tooltip={"placement": "bottom", "always_visible": False}),
         ], className="slider"),
+        html.Div([
+            html.Span("steps"),
+            # Committed on Enter (n_submit), not on every keystroke or on leaving the box.
+            dcc.Input(id=ids.TL_FROM, type="text", inputMode="numeric", value=str(lo), n_submit=0, style=_BOX),
+            html.Span("to"),
+            dcc.Input(id=ids.TL_TO, type="text", inputMode="numeric", value=str(max(lo, hi - 1)), n_submit=0,
+                      style=_BOX),
+            html.Span("(Enter applies; any width: wider than 300 steps is drawn per bin)", className="muted"),
+        ], className="range-boxes"),
         html.Div(w["stats"], id="tl-stats"),
         graph("tl-gantt", w["gantt"]),
         graph("tl-overlap", w["overlap"]),
@@ -570,16 +604,19 @@ def acceptance_stats_rows(stats: Mapping[str, views.AcceptanceStats]) -> tuple[l
 
 
 def per_request(src: TraceSource, cols: Columns) -> tuple[list[models.GroupRow], str]:
-    """Mean accept length per request, from (at most MAX_REQUEST_SCAN of the latest) verify steps in `cols` (the
-    summary columns the rest of the page was built from)."""
-    idx = [int(i) for i in cols.index[models.verify_mask(cols)]]  # step indexes, not rows
+    """Mean accept length per request, over (at most MAX_REQUEST_SCAN of the latest) verify steps in `cols` (the
+    summary columns the rest of the page was built from), from the trace's per-step request rows: no step body is
+    decoded."""
+    idx = cols.index[models.verify_mask(cols)]  # step indexes, not rows
+    if not len(idx):
+        return [], ""
     note = ""
     if len(idx) > MAX_REQUEST_SCAN:
         note = f" (the last {MAX_REQUEST_SCAN} of {len(idx)} verify steps)"
         idx = idx[-MAX_REQUEST_SCAN:]
     with src.locked():
-        rows = models.acceptance_by_request([src.reader.step(i, arrays=()) for i in idx])
-    return rows, note
+        got = src.reader.accept_lengths_by_request(int(idx[0]), int(idx[-1]) + 1)
+    return [models.GroupRow(rid, n, n, total / n) for rid, (n, total) in sorted(got.items())], note
 
 
 def acceptance_page(sources: dict[str, TraceSource]) -> html.Div:
@@ -620,51 +657,6 @@ def _name(src: TraceSource) -> str:
 
 
 # -- violations ----------------------------------------------------------------------------------------------
-
-
-def violations_body(src: TraceSource, state: ViolationState) -> html.Div:
-    """The grouped violations found so far, each example linking to its step with the cell highlighted."""
-    st = state
-    groups = models.violation_groups(st.violations, max_examples=20)
-    done = st.checked_steps >= st.num_steps
-    where = ("stored in the trace" if st.source == "trace"
-             else "found by the checker in this dashboard (the trace stores none)")
-    progress = (f"{len(st.violations)} violations of {len(groups)} invariants, {where}; "
-                + ("all " if done else "") + f"{st.checked_steps} of {st.num_steps} steps checked")
-    blocks: list[Component] = []
-    requests_of: dict[int, list[int]] = {}
-    for g in groups:
-        items = []
-        for v in g.examples:
-            q = _violation_query(src, v, requests_of)
-            items.append(html.Li([dcc.Link(f"step {v.step}", href=step_href(v.step, src.key, **q),
-                                           className="viol-link"), " ", v.message]))
-        more = g.count - len(g.examples)
-        blocks.append(html.Details([
-            html.Summary(f"{g.check_id} [{g.severity}] {g.description} — {g.count} in {g.num_steps} steps, "
-                         f"first at step {g.first_step}"),
-            html.Ul(items + ([html.Li(f"… and {more} more", className="muted")] if more > 0 else [])),
-        ], open=True, className="viol-group", id=f"viol-{g.check_id}"))
-    if not groups:
-        blocks.append(html.P("no violations" + ("" if done else " so far"), id="viol-none"))
-    return html.Div([html.P(progress, id="viol-progress"), *blocks])
-
-
-def _violation_query(src: TraceSource, v: Violation, cache: dict[int, list[int]]) -> dict[str, int | str]:
-    if v.row is None and v.request_id is not None and v.step not in cache:
-        with src.locked():
-            cache[v.step] = [r.request_id for r in src.reader.step(v.step, arrays=()).requests]
-    return models.violation_target(v, cache.get(v.step))
-
-
-def violations_page(src: TraceSource, state: ViolationState) -> html.Div:
-    """Violations grouped by invariant; a page that polls while the dashboard's checker is still running."""
-    done = state.checked_steps >= state.num_steps
-    return html.Div([
-        html.H2("Violations"),
-        dcc.Interval(id="viol-poll", interval=400, disabled=done),
-        html.Div(violations_body(src, state), id="viol-body"),
-    ], id="violations-page")
 
 
 # -- compare -------------------------------------------------------------------------------------------------

@@ -12,12 +12,13 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 from specscope.tracer.errors import TraceError
-from specscope.tracer.query import StepIndex, ViolationFilter
+from specscope.tracer.query import SpanBins, StepIndex, ViolationFilter
 from specscope.tracer.schema import EndState, ForwardMode, GraphPhase, Severity, Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
 
@@ -343,6 +344,11 @@ class TraceSource:
         with self._lock:
             return self.reader.spans(steps=(start, stop))
 
+    def span_bins(self, start: int, stop: int, bins: int) -> SpanBins:
+        """Stream spans of steps [start, stop) aggregated per bin of steps (SQL)."""
+        with self._lock:
+            return self.reader.span_bins(start, stop, bins)
+
     def capture_of(self, i: int) -> int | None:
         """The capture step a replay came from."""
         with self._lock:
@@ -387,9 +393,10 @@ class TraceSource:
             self._window = (checker, i)
         return [v for v in found if v.step == i]
 
-    def violation_state(self, budget_steps: int = 400) -> ViolationState:
+    def violation_state(self, budget_steps: int = 400, budget_s: float | None = None) -> ViolationState:
         """All violations found so far. A trace whose violations are stored answers from the trace; otherwise
-        the streaming checker runs here, `budget_steps` more steps per call, so a page can show progress."""
+        the streaming checker runs here, `budget_steps` more steps per call (and for `budget_s` seconds at most),
+        so a page can show progress."""
         n = self.num_steps()
         with self._lock:
             through = self.reader.checked_through()
@@ -405,7 +412,10 @@ class TraceSource:
                 self._checker = Checker()
             budget = max(0, min(budget_steps, n - self._checked_steps))
             with self._lock:
+                until = None if budget_s is None else time.monotonic() + budget_s
                 for st in itertools.islice(self.reader.steps(self._checked_next, None), budget):
+                    if until is not None and time.monotonic() > until:
+                        break
                     self._checked.extend(self._checker.feed(st))
                     self._checked_steps += 1
                     self._checked_next = st.index + 1
