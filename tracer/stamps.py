@@ -8,9 +8,11 @@ the stamps of a ring run in the order the host launched them on that stream and 
 (`claim`). A ring's new slots are copied to pinned memory now and then (`drain`, on the ring's stream, so a slot is
 never overwritten before it is copied); a stamp's value is read once the drain covering it has landed.
 
-Why one clock: the stream checks (I21, I22) compare a plan-stream span with a compute-stream span at µs gaps. CUDA
-event times and `%globaltimer` are different counters whose offset can only be bracketed to ~20 µs from the host,
-so every device span is stamped by this kernel, eager or captured, and none by events.
+Why one clock: the stream checks (I21, I22) compare a plan-stream span with a compute-stream span at µs gaps, so
+every device span, eager or captured, is stamped by this kernel and carries an absolute time. CUDA events give only
+differences between events; measured on the H200 they run at `%globaltimer`'s rate (scripts/event_clock.py: a slope
+of -0.015 ppm, pairs agreeing within ~0.1 µs), so an event could be re-anchored on a stamp taken beside it, but from
+the host alone the two clocks' offset brackets only to ~20 µs. One mechanism serves graph replays and eager steps.
 
 The kernel is PTX loaded through the CUDA driver (no compiler needed; the driver JIT-compiles it in ms). On the CPU
 a ring is host memory and a stamp is `time.perf_counter_ns()`, written by the same claim / drain logic, so CI runs
