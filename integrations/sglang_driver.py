@@ -1,18 +1,28 @@
 """Drive a loaded upstream backend (`sglang_loader`) the way SGLang's graph runners and workers do.
 
-What SGLang's runners do around the backend is reproduced here from their source (0.5.13 paths):
+What SGLang's runners do around the backend is reproduced here from their source; what differs between releases
+comes from `sglang_versions.facts_for` (`up.facts`):
 
 - capture: static buffers with `seq_lens` = the backend's fill value (1), `req_pool_indices` = 0, `out_cache_loc`
-  = 0; the ladder is captured largest batch first (`cuda_graph_runner.py` capture loop, reversed);
+  = 0; the ladder is captured largest batch first (the decode graph runner's capture loop, reversed); the
+  backend's capture entry: `init_forward_metadata_out_graph(fb, in_capture=True)` (0.5.13+) or
+  `init_forward_metadata_capture_cuda_graph(...)` (0.5.12), then, where graph metadata is computed inside the
+  graph (0.5.15+), `init_forward_metadata_in_graph(fb)`: the call the graph records;
 - padded replay (raw bs < captured bs): the same fill values in rows `[raw_bs, bs)` (`CudaGraphRunner.replay_prepare`,
-  `EAGLEDraftCudaGraphRunner.replay` L418-431, `EAGLEDraftExtendCudaGraphRunner.replay` L459-467), then the backend's
-  replay entry: `init_forward_metadata_out_graph(view)` with the real `build_replay_fb_view` (0.5.13) or
-  `init_forward_metadata_replay_cuda_graph(bs, ...)` (0.5.12);
-- spec inputs: the attributes of `EagleDraftInput` / `EagleVerifyInput` / `EagleDraftExtendInput` the backend reads.
+  `EAGLEDraftCudaGraphRunner.replay`, `EAGLEDraftExtendCudaGraphRunner.replay`), then the backend's replay entry:
+  `init_forward_metadata_out_graph(view)` with the real `build_replay_fb_view` (0.5.13+; its
+  `global_num_tokens_cpu` argument from 0.5.21) or `init_forward_metadata_replay_cuda_graph(bs, ...)` (0.5.12);
+  from 0.5.15 `graph.replay()` then re-runs the recorded `init_forward_metadata_in_graph` on the capture's own
+  static buffers, which is what `replay_prepare` runs after the out-of-graph prep;
+- spec inputs: the attributes of `EagleDraftInput` / `EagleVerifyInput` / `EagleDraftExtendInput` the backend reads;
+  the draft-extend capture input carries `num_tokens_per_req = T` from 0.5.16 (the runner's `captured_req_width`),
+  -1 before (capture derived the width from the token count).
 
 Batches come in specscope's `ForwardBatch` form (backend/forward_batch.py) and are translated by
 `upstream_batch`: DRAFT_DECODE becomes SGLang's DECODE with a draft `spec_info`, DRAFT_EXTEND becomes
-DRAFT_EXTEND_V2 (uniform T tokens per request), the other modes keep their names.
+DRAFT_EXTEND_V2 (uniform T tokens per request), the other modes keep their names. The ForwardBatch fields newer
+releases read and specscope does not model (a unified pool's `kv_loc_plan`, ragged verify's layout, LoRA ids, a
+host max) are None, as in a ForwardBatch that does not use them.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ class DraftInput:
     num_accept_tokens_cpu: list[int] | None = None
     num_correct_drafts: torch.Tensor | None = None
     positions: torch.Tensor | None = None
+    ragged_verify_layout: Any = None  # 0.5.16+: per-request verify lengths (not modelled)
 
     def is_draft_input(self) -> bool:
         """SpecInput's type test."""
@@ -55,6 +66,7 @@ class VerifyInput:
     draft_token: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     draft_token_num: int = 0
+    ragged_verify_layout: Any = None  # 0.5.16+: per-request verify lengths (not modelled)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def is_draft_input(self) -> bool:
@@ -67,11 +79,22 @@ class VerifyInput:
 
 
 def upstream_mode(up: UpstreamSglang, mode: ForwardMode) -> Any:
-    """SGLang's ForwardMode for one of ours."""
+    """SGLang's ForwardMode for one of ours (our DRAFT_EXTEND is the spec-v2 worker's DRAFT_EXTEND_V2, which every
+    release has; v1 DRAFT_EXTEND is gone from 0.5.14)."""
     fm = up.ForwardMode
     return {ForwardMode.DECODE: fm.DECODE, ForwardMode.DRAFT_DECODE: fm.DECODE,
             ForwardMode.TARGET_VERIFY: fm.TARGET_VERIFY, ForwardMode.EXTEND: fm.EXTEND,
-            ForwardMode.DRAFT_EXTEND: getattr(fm, "DRAFT_EXTEND_V2", fm.DRAFT_EXTEND)}[mode]
+            ForwardMode.DRAFT_EXTEND: fm.DRAFT_EXTEND_V2}[mode]
+
+
+# ForwardBatch fields newer releases read (the backend or `build_replay_fb_view`) that specscope does not model;
+# a ForwardBatch that does not use them holds None.
+UNMODELLED_FIELDS = ("kv_loc_plan", "kv_loc_cols", "out_cache_loc_virtual", "max_seq_len_host",
+                     "max_seq_len_override", "lora_ids", "can_run_decode_cuda_graph", "origin_out_cache_loc")
+
+
+def _unmodelled() -> dict[str, None]:
+    return dict.fromkeys(UNMODELLED_FIELDS)
 
 
 def specscope_batch(r2t: ReqToTokenPool, kv: KVPool, backend: Any, mode: ForwardMode, rows: list[tuple[int, int]],
@@ -139,7 +162,7 @@ def upstream_batch(up: UpstreamSglang, fb: ForwardBatch, accept_lens: list[int] 
         extend_seq_lens=None if ext is None else torch.tensor(ext, dtype=torch.int32, device=fb.seq_lens.device),
         extend_seq_lens_cpu=None if ext is None else list(ext),
         extend_prefix_lens_cpu=list(fb.extend_prefix_lens_cpu or [0] * bs) if ext is not None else None,
-        req_to_token_pool=fb.req_to_token_pool, global_num_tokens_cpu=None)
+        req_to_token_pool=fb.req_to_token_pool, global_num_tokens_cpu=None, **_unmodelled())
 
 
 def step_backends(backend: Any) -> list[Any]:
@@ -150,7 +173,12 @@ def step_backends(backend: Any) -> list[Any]:
 class UpstreamGraphRunner:
     """Capture and padded replay of one forward kind on an upstream backend (or its multi-step draft wrapper),
     with the fill values and replay entry points of SGLang's runners. Graphs themselves are not recorded: on a
-    CPU this is the metadata half of capture and replay, which is all the backend does."""
+    CPU this is the metadata half of capture and replay, which is all the backend does; where a release computes
+    graph metadata inside the graph (0.5.15+), the in-graph call runs right where the graph would run it."""
+
+    # `build_replay_fb_view` reads these of its buffers: no encoder-decoder model, no mamba tracking.
+    encoder_lens = None
+    mamba_track_indices = None
 
     def __init__(self, up: UpstreamSglang, backend: Any, mode: ForwardMode, *, tokens_per_req: int,
                  ladder: list[int], device: torch.device | str = "cpu") -> None:
@@ -172,6 +200,9 @@ class UpstreamGraphRunner:
         self.num_accept_tokens = torch.full((self.max_bs,), self.T, dtype=torch.int32, device=dev)
         self.captured_q_len: dict[tuple[int, int], int | None] = {}  # (bs, step backend) -> max_seq_len_q at capture
         self.captured: dict[tuple[int, int], Any] = {}  # (bs, step backend) -> the metadata object at capture
+        # bs -> the batch the graph of that size was captured with: its in-graph metadata call reads these static
+        # buffers at every replay (0.5.15+).
+        self.capture_batches: dict[int, UpstreamBatch] = {}
         backend.init_cuda_graph_state(self.max_bs, n)
 
     def padded_size(self, raw_bs: int) -> int:
@@ -185,14 +216,22 @@ class UpstreamGraphRunner:
             return VerifyInput(draft_token=self.input_ids[: bs * self.T], positions=self.positions[: bs * self.T],
                                draft_token_num=self.T)
         if self.mode == ForwardMode.DRAFT_EXTEND:
-            # Capture uses a synthetic EagleDraftExtendInput without num_tokens_per_req (TMB L520-526 infers it).
-            return DraftInput(num_tokens_per_req=-1, num_accept_tokens=self.num_accept_tokens[:bs])
+            # The capture input is a synthetic EagleDraftExtendInput: from 0.5.16 it carries the graph's request
+            # width (which capture freezes into max_seq_len_q); before, capture inferred it from the token count.
+            width = self.T if self.up.facts.draft_extend_capture_width else -1
+            return DraftInput(num_tokens_per_req=width, num_accept_tokens=self.num_accept_tokens[:bs])
         return None
 
     def capture_all(self) -> None:
         """Capture every ladder size, largest first."""
         for bs in reversed(self.ladder):
             self.capture(bs)
+
+    def in_graph(self, bs: int) -> None:
+        """What a graph of size `bs` computes inside itself before its kernels run (0.5.15+): the recorded
+        `init_forward_metadata_in_graph` over the capture's static buffers. Nothing on earlier releases."""
+        if self.up.facts.graph_metadata_in_graph:
+            self.backend.init_forward_metadata_in_graph(self.capture_batches[bs])
 
     def capture(self, bs: int) -> UpstreamBatch:
         """The capture-time metadata of batch size `bs`."""
@@ -208,7 +247,9 @@ class UpstreamGraphRunner:
             positions=self.positions[:n], seq_lens=self.seq_lens[:bs], seq_lens_cpu=self.seq_lens_cpu[:bs],
             seq_lens_sum=bs * self.fill, req_pool_indices=self.req_pool_indices[:bs],
             out_cache_loc=self.out_cache_loc[:n], encoder_lens=None, spec_info=self._spec(bs, True),
-            extend_seq_lens=None, extend_seq_lens_cpu=None, extend_prefix_lens_cpu=None, global_num_tokens_cpu=None)
+            extend_seq_lens=None, extend_seq_lens_cpu=None, extend_prefix_lens_cpu=None, global_num_tokens_cpu=None,
+            **_unmodelled())
+        self.capture_batches[bs] = fb
         be = self.backend
         if self.up.api == "out_graph":
             be.init_forward_metadata_out_graph(fb, in_capture=True)
@@ -217,6 +258,7 @@ class UpstreamGraphRunner:
         else:
             be.init_forward_metadata_capture_cuda_graph(bs, n, fb.req_pool_indices, fb.seq_lens, None,
                                                         fb.forward_mode, fb.spec_info)
+        self.in_graph(bs)
         for i, sb in enumerate(step_backends(be)):
             md = sb.forward_metadata
             self.captured_q_len[(bs, i)] = None if md is None else md.max_seq_len_q
@@ -224,7 +266,16 @@ class UpstreamGraphRunner:
         return fb
 
     def replay_prepare(self, live: UpstreamBatch) -> UpstreamBatch:
-        """Copy a live batch into the static buffers with upstream's padding, then the backend's replay prep."""
+        """Copy a live batch into the static buffers with upstream's padding, then the backend's replay prep (and,
+        from 0.5.15, the in-graph metadata call `graph.replay()` re-runs)."""
+        view = self.replay_prepare_out_graph(live)
+        self.in_graph(view.batch_size)
+        return view
+
+    def replay_prepare_out_graph(self, live: UpstreamBatch) -> UpstreamBatch:
+        """The out-of-graph half of `replay_prepare`: static buffers filled, the backend's replay prep run. On
+        releases that compute graph metadata inside the graph (0.5.15+), the metadata the kernels read is not
+        there yet: `in_graph(view.batch_size)` computes it."""
         raw_bs, num_tokens = live.batch_size, int(live.input_ids.shape[0])
         bs = self.padded_size(raw_bs)
         n = bs * self.T
@@ -252,10 +303,14 @@ class UpstreamGraphRunner:
             batch_size=bs, forward_mode=mode, actual_forward_mode=live.forward_mode, input_ids=self.input_ids[:n],
             positions=self.positions[:n], req_pool_indices=self.req_pool_indices[:bs], seq_lens=self.seq_lens[:bs],
             seq_lens_sum=seq_sum, seq_lens_cpu=self.seq_lens_cpu[:bs], encoder_lens=None,
-            out_cache_loc=live.out_cache_loc, spec_info=spec)
+            out_cache_loc=live.out_cache_loc, spec_info=spec, **_unmodelled())
         if self.up.api == "out_graph":
             if self.mode == ForwardMode.TARGET_VERIFY and self.up.build_replay_fb_view is not None:
-                view = self.up.build_replay_fb_view(live, self, bs, raw_bs, n, self.fill, mode, False)
+                if self.up.facts.replay_view_takes_global_tokens:
+                    view = self.up.build_replay_fb_view(live, self, bs, raw_bs, n, live.global_num_tokens_cpu,
+                                                        self.fill, mode, False)
+                else:
+                    view = self.up.build_replay_fb_view(live, self, bs, raw_bs, n, self.fill, mode, False)
             be.init_forward_metadata_out_graph(view)
         elif self.mode == ForwardMode.DRAFT_DECODE:
             be.init_forward_metadata_replay_cuda_graph(view, bs)
@@ -263,8 +318,3 @@ class UpstreamGraphRunner:
             be.init_forward_metadata_replay_cuda_graph(bs, self.req_pool_indices[:bs], self.seq_lens[:bs], seq_sum,
                                                        None, mode, spec, seq_lens_cpu=self.seq_lens_cpu[:bs])
         return view
-
-    @property
-    def encoder_lens(self) -> None:
-        """`build_replay_fb_view` reads buffers.encoder_lens only for encoder-decoder models."""
-        return None

@@ -7,31 +7,42 @@ multi-step wrapper) only need a handful of names. Each loaded module gets its ow
 `sglang.*` imports from the stand-ins below and passes every other import through, so two versions (say 0.5.12
 and 0.5.13) load side by side and nothing is copied into this repository.
 
-What is real and what is a stand-in (one load = one `UpstreamSglang`):
+What is real and what is a stand-in (one load = one `UpstreamSglang`). Where a file lives, and which names a
+release imports, come from `sglang_versions.facts_for` (and are checked against the wheel after every load):
 
-- real, loaded from the same wheel the same way: `layers/attention/base_attn_backend.AttentionBackend`;
+- real, loaded from the same wheel the same way: `layers/attention/base_attn_backend` (its `AttentionBackend`,
+  and from 0.5.18 the `SharedReadEnds` the backend imports from it);
+- real, upstream's Triton kernel files (0.5.14+: the device page-table builder; 0.5.15+: the fused in-graph
+  metadata kernel), executed from the wheel; on a CPU their kernels are made under Triton's interpreter (what
+  `TRITON_INTERPRET=1` selects), so upstream's own kernels compute the values on CPU tensors;
 - real definitions taken from the wheel's source with `ast` (their modules import CUDA and distributed code):
-  `model_executor/forward_batch_info.ForwardMode` and `build_inner_fb_view`,
-  `model_executor/cuda_graph_runner.build_replay_fb_view` (for drivers; the backend does not import it),
-  `layers/attention/utils.canonicalize_stride`;
+  `ForwardMode` and `build_inner_fb_view` (forward_batch_info), `build_replay_fb_view` (the decode graph
+  runner; for drivers, the backend does not import it), `canonicalize_stride`, `resolve_ragged_verify_layout`
+  (0.5.16+), and the enums `AttentionType`, `KVCacheAttentionAccessKind`, `IdSpaceKind` where a release has them;
 - stand-in `flashinfer_backend.FlashInferAttnBackend`: a subclass of the real `AttentionBackend` whose
   `__init__` sets what the real one sets for this backend (`req_to_token_pool`, `token_to_kv_pool`,
-  `use_sliding_window_kv_pool=False`, `max_context_len`, `skip_prefill`), without flashinfer wrappers; like
-  the real class it defines no verify-buffer hooks, so the base class's raising default shows through;
+  `kv_index_translator`, `use_sliding_window_kv_pool=False`, a plain `kv_cache_quant_method`,
+  `max_context_len`, `skip_prefill`), without flashinfer wrappers; like the real class it defines no
+  verify-buffer hooks, so the base class's raising default shows through;
 - stand-in `flashinfer_backend.FlashInferMultiStepDraftBackend`: the attributes the real `__init__` sets
   (`topk`, `speculative_num_steps`, `kv_indptr`, `kv_last_page_len`, `attn_backends`, ...) without the Triton
   kv-indices kernel;
 - `environ.envs`: the variables the backend reads (the workspace size, small on a CPU; the skip-softmax
-  factors, unset);
+  factors and ragged verify unset; one decode seq-len split);
+- `runtime_context` (0.5.16+): `get_spec()` answers from the server args of the model runner whose backend is
+  being built, `get_buffer` keeps one buffer per name, the platform is neither SM90 nor SM120 on a CPU, one
+  attention TP rank;
 - `utils.is_flashinfer_available`, `utils.common.is_sm90_supported` / `is_sm120_supported` / `is_npu`: False on
   a CPU; with `kernels=True` the real `flashinfer` is imported and the SM checks read the device;
-- `mem_cache.swa_memory_pool.SWAKVPool` / `SWATokenToKVPoolAllocator`: empty classes (no SWA model here);
-- `triton_ops/trtllm_fp8_kv_kernel.fused_fp8_set_kv_buffer`: raises (fp8 KV caches are out of scope);
-- `kernel_api_logging.debug_kernel_api`: the identity decorator.
+- no sliding window, no context parallelism, no unified pool, no FP8/FP4 KV: `SWAKVPool`, `HybridLinearKVPool`
+  and `KVWriteLoc` are classes nothing is an instance of, `is_cp_active` is False, the KV index translator does
+  not translate; the FP8 kernels, `paged_kv_view`, `get_cp_strategy` and the ragged-verify geometry raise;
+- `kernel_api_logging.debug_kernel_api` (either module name): the identity decorator; the MLA backend's
+  persistent counter buffer: a zero tensor.
 
-A model runner is the backend's constructor argument, not an import: `make_model_runner` builds the few
-attributes the constructor reads. Only topk = 1 without sliding-window layers is supported, the configuration
-TRTLLM MHA serves in SGLang <= 0.5.23.
+A model runner is the backend's constructor argument, not an import: `make_model_runner` builds the attributes
+the constructor reads in any release. Only topk = 1 without sliding-window layers is supported, the configuration
+TRTLLM MHA serves in SGLang 0.5.12 ... 0.5.23.
 """
 
 from __future__ import annotations
@@ -39,13 +50,16 @@ import __future__
 
 import ast
 import builtins
+import enum
+import functools
 import importlib.util
+import inspect
 import os
 import sys
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import IntEnum, auto
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum, auto
 from functools import total_ordering
 from pathlib import Path
 from types import SimpleNamespace
@@ -53,11 +67,17 @@ from typing import Any, Optional, Protocol
 
 import torch
 
+from .sglang_versions import SglangFacts, facts_for
+
 TMB_PATH = "srt/layers/attention/trtllm_mha_backend.py"
 _BASE_PATH = "srt/layers/attention/base_attn_backend.py"
 _FBI_PATH = "srt/model_executor/forward_batch_info.py"
-_CGR_PATH = "srt/model_executor/cuda_graph_runner.py"
-_UTILS_PATH = "srt/layers/attention/utils.py"
+_RAGGED_PATH = "srt/speculative/ragged_verify.py"
+_ENUM_SOURCES = (  # upstream enums the backend compares against, taken from the wheel where the release has them
+    ("srt/layers/radix_attention.py", "AttentionType"),
+    ("srt/layers/quantization/fp4_kv_cache_quant_method.py", "KVCacheAttentionAccessKind"),
+    ("srt/mem_cache/kv_loc_plan.py", "IdSpaceKind"),
+)
 
 
 class SglangNotFound(RuntimeError):
@@ -120,6 +140,8 @@ def _envs(workspace_bytes: int) -> SimpleNamespace:
         SGLANG_FLASHINFER_WORKSPACE_SIZE=_EnvVar(workspace_bytes),
         SGLANG_SKIP_SOFTMAX_DECODE_THRESHOLD_SCALE_FACTOR=_EnvVar(None),
         SGLANG_SKIP_SOFTMAX_PREFILL_THRESHOLD_SCALE_FACTOR=_EnvVar(None),
+        SGLANG_TRTLLM_MHA_DECODE_SEQ_LEN_SPLITS=_EnvVar(1),  # SGLang's default: no split
+        SGLANG_RAGGED_VERIFY_MODE=_EnvVar(None),
     )
 
 
@@ -127,20 +149,108 @@ class UpstreamBatch(SimpleNamespace):
     """Stand-in for `ForwardBatch`: the backend only reads attributes, so a namespace with the fields it reads."""
 
 
-def _fused_fp8_set_kv_buffer(**kwargs: Any) -> None:
-    raise NotImplementedError("fp8 KV caches are not supported by specscope's sglang loader")
+def _unsupported(what: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{what} is not supported by specscope's sglang loader")
+    return refuse
 
 
-def _make_flashinfer_parents(base: type) -> tuple[type, type]:
+class _KVAccess(SimpleNamespace):
+    """`KVCacheAttentionAccess` of a plain bf16 KV cache: the backend reads its kind and scale recipe."""
+
+
+class _PlainKVQuantMethod:
+    """The KV-cache quant method of an unquantized pool (`token_to_kv_pool.get_kv_cache_quant_method()`)."""
+
+    name = "plain"
+
+    def __init__(self, plain_kind: Any) -> None:
+        self.plain_kind = plain_kind
+
+    def resolve_attention_access(self, phase: str, backend: str) -> _KVAccess:
+        """Plain access in every phase: the cache is in the model's dtype and layout."""
+        return _KVAccess(kind=self.plain_kind, scale_recipe=None)
+
+    def describe_attention_accesses(self, phase: str) -> list[str]:
+        """The accesses this method offers."""
+        return ["plain"]
+
+
+class _NoTranslation:
+    """`kv_index_translator` (0.5.19+) of a static (non-unified) KV pool: ids are used as they are. The methods
+    that translate are called only when `is_translating`, so they refuse."""
+
+    is_translating = False
+
+    def make_capture_tables(self, *, max_bs: int, max_context_len: int) -> None:
+        """No capture tables to own (0.5.19): nothing is translated."""
+        return None
+
+    def index_table_for_batch(self, forward_batch: Any) -> SimpleNamespace:
+        """No translated table (0.5.19 - 0.5.21): the backend builds its page table from `req_to_token`."""
+        return SimpleNamespace(is_translated=False, ids=None, sliding_window_ids=None)
+
+    def read_table(self, plan: Any, kind: Any = None, rows: int | None = None) -> SimpleNamespace:
+        """No translated table (0.5.22+): the backend builds its page table from `req_to_token`."""
+        return SimpleNamespace(is_translated=False, ids=None)
+
+    def space(self, kind: Any) -> None:
+        """No sub-pool id spaces (no sliding-window layers)."""
+        return None
+
+    build_index_table = fill_read_table = copy_page_table = staticmethod(_unsupported("a unified KV pool"))
+    write_ids = sliding_window_write_loc_for = staticmethod(_unsupported("a unified KV pool"))
+
+
+class _RuntimeContext:
+    """`sglang.srt.runtime_context` (0.5.16+): the process-wide settings a server holds. Here the settings of the
+    model runner whose backend is being built: the stand-in FlashInfer parents set them from its `server_args`
+    before upstream's constructor reads them, as one SGLang process holds one runner's settings."""
+
+    def __init__(self, kernels: bool) -> None:
+        self.spec = SimpleNamespace(speculative_eagle_topk=None, speculative_num_draft_tokens=None)
+        self.buffers: dict[str, Any] = {}
+        self.kernels = kernels
+
+    def use(self, model_runner: Any) -> None:
+        """Answer `get_spec()` from this runner's server args from now on."""
+        sa = model_runner.server_args
+        self.spec = SimpleNamespace(speculative_eagle_topk=sa.speculative_eagle_topk,
+                                    speculative_num_draft_tokens=sa.speculative_num_draft_tokens)
+
+    def module(self, prefix: str) -> types.ModuleType:
+        """The module's names, bound to this context."""
+        def get_buffer(name: str, make: Callable[[], Any]) -> Any:
+            # One buffer per name in a process (SGLang shares the zero workspace between all TRTLLM MHA backends).
+            if name not in self.buffers:
+                self.buffers[name] = make()
+            return self.buffers[name]
+
+        platform = SimpleNamespace(is_sm90=_is_sm(9)() if self.kernels else False,
+                                   is_sm120=_is_sm(12)() if self.kernels else False)
+        return _module(
+            prefix, "runtime_context", get_buffer=get_buffer, get_spec=lambda: self.spec,
+            get_platform=lambda: platform, get_parallel=lambda: SimpleNamespace(attn_tp_size=1),
+            get_schedule=lambda: SimpleNamespace(max_prefill_tokens=0),
+            get_exec=lambda: SimpleNamespace(graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(
+                decode=SimpleNamespace(max_bs=None)))),
+            max_prefill_buffer_tokens=lambda: 0,
+            max_speculative_num_draft_tokens=lambda: self.spec.speculative_num_draft_tokens)
+
+
+def _make_flashinfer_parents(base: type, ctx: _RuntimeContext, plain_kind: Any) -> tuple[type, type]:
     class FlashInferAttnBackend(base):
         """Stand-in: the state `TRTLLMHAAttnBackend` inherits (flashinfer_backend.py FlashInferAttnBackend)."""
 
         def __init__(self, model_runner: Any, skip_prefill: bool = False, kv_indptr_buf: Any = None,
                      kv_last_page_len_buf: Any = None, **kwargs: Any) -> None:
             super().__init__()
+            ctx.use(model_runner)
             self.req_to_token_pool = model_runner.req_to_token_pool
             self.token_to_kv_pool = model_runner.token_to_kv_pool
+            self.kv_index_translator = model_runner.kv_index_translator
             self.use_sliding_window_kv_pool = False
+            self.kv_cache_quant_method = _PlainKVQuantMethod(plain_kind)
             self.max_context_len = model_runner.model_config.context_len
             self.skip_prefill = skip_prefill
             self.kv_indptr_buf = kv_indptr_buf
@@ -150,6 +260,7 @@ def _make_flashinfer_parents(base: type) -> tuple[type, type]:
         """Stand-in: the attributes the real `__init__` sets, without the Triton kv-indices kernel."""
 
         def __init__(self, model_runner: Any, topk: int, speculative_num_steps: int) -> None:
+            ctx.use(model_runner)
             self.topk = topk
             self.speculative_num_steps = speculative_num_steps
             self.page_size = model_runner.page_size
@@ -188,12 +299,12 @@ def _is_sm(major: int) -> Callable[[], bool]:
 
 class UpstreamForwardMode(Protocol):
     """What drivers read of upstream's `ForwardMode`: an IntEnum class executed from the wheel's source at load
-    time, so its members are known to the type checker only by name."""
+    time, so its members are known to the type checker only by name (v1 `DRAFT_EXTEND` only up to 0.5.13)."""
 
     DECODE: Any
     EXTEND: Any
     TARGET_VERIFY: Any
-    DRAFT_EXTEND: Any
+    DRAFT_EXTEND_V2: Any
 
 
 @dataclass
@@ -207,6 +318,9 @@ class UpstreamSglang:
     ForwardMode: UpstreamForwardMode
     build_inner_fb_view: Callable[..., Any] | None  # absent before 0.5.13
     build_replay_fb_view: Callable[..., Any] | None  # absent before 0.5.13
+    facts: SglangFacts
+    # Upstream's Triton kernel modules the backend imports, by module name, loaded from the wheel (0.5.14+).
+    kernel_modules: dict[str, types.ModuleType] = field(default_factory=dict)
 
     @property
     def backend_cls(self) -> type:
@@ -220,13 +334,35 @@ class UpstreamSglang:
 
     @property
     def api(self) -> str:
-        """`out_graph` (0.5.13: `init_forward_metadata_out_graph(fb, in_capture)`) or `capture_replay` (0.5.12)."""
+        """`out_graph` (0.5.13+: `init_forward_metadata_out_graph(fb, in_capture)`) or `capture_replay` (0.5.12)."""
         return "out_graph" if "init_forward_metadata_out_graph" in vars(self.backend_cls) else "capture_replay"
 
     @property
     def has_fixup_hook(self) -> bool:
         """Whether the backend class itself implements `update_verify_buffers_to_fill_after_draft` (PR #25925)."""
         return "update_verify_buffers_to_fill_after_draft" in vars(self.backend_cls)
+
+
+def check_facts(up: UpstreamSglang) -> None:
+    """Raise SglangNotFound when `sglang_versions.facts_for` says something of this wheel that its loaded code
+    contradicts (a field, a mode, a method, a signature): the facts table is kept true by every load."""
+    f, cls = up.facts, up.backend_cls
+    fields = set(getattr(up.module.TRTLLMMHAMetadata, "__dataclass_fields__", {}))
+    seen = {
+        "has_max_seq_len_k": "max_seq_len_k" in fields,
+        "has_draft_extend_v1": hasattr(up.ForwardMode, "DRAFT_EXTEND"),
+        "graph_metadata_in_graph": "init_forward_metadata_in_graph" in vars(cls),
+        "graph_api": up.api,
+        "has_fixup_hook": up.has_fixup_hook,
+        "has_ragged_verify": "is_ragged_verify" in fields,
+        "has_unified_kv_pool": "kv_index_translator" in Path(str(up.module.__file__)).read_text(encoding="utf-8"),
+        "page_table_on_device": "build_trtllm_mha_page_table" in vars(up.module),
+        "replay_view_takes_global_tokens": (up.build_replay_fb_view is not None and "global_num_tokens_cpu" in
+                                            inspect.signature(up.build_replay_fb_view).parameters),
+    }
+    wrong = [f"{k}: facts say {getattr(f, k)!r}, the wheel has {v!r}" for k, v in seen.items() if getattr(f, k) != v]
+    if wrong:
+        raise SglangNotFound(f"sglang {up.version} at {up.root}: sglang_versions facts disagree: " + "; ".join(wrong))
 
 
 _COUNTER = [0]
@@ -257,6 +393,71 @@ def _exec_module(path: Path, modname: str, stubs: dict[str, Any], passthrough: t
     return mod
 
 
+def _module_name(rel: str) -> str:
+    """`kernels/ops/attention/x.py` -> `sglang.kernels.ops.attention.x`."""
+    return "sglang." + rel.removesuffix(".py").replace("/", ".")
+
+
+def _kernel_modules(pkg: Path, facts: SglangFacts, prefix: str, kernels: bool) -> dict[str, types.ModuleType]:
+    """Upstream's Triton kernel files the backend imports, executed from the wheel, by their module names.
+
+    On a CPU (`kernels=False`) they run under Triton's interpreter, what `TRITON_INTERPRET=1` selects: their
+    `@triton.jit` kernels are made as interpreted functions (the setting scoped to this load), and each call of
+    the files' launchers sees Triton's own library functions (`tl.cdiv`, `tl.cumsum`, ...) interpreted too, as a
+    process started under `TRITON_INTERPRET=1` would; so upstream's own kernels compute the values on CPU
+    tensors, and no other Triton code in the process changes."""
+    rels = [r for r in (facts.page_table_kernel_path, facts.graph_metadata_kernel_path) if r is not None]
+    if not rels:
+        return {}
+    try:
+        import triton
+    except ImportError as e:
+        raise SglangNotFound(f"sglang {facts.version}'s backend imports Triton kernels; install triton "
+                             f"(python -m pip install triton) to load it ({e})") from e
+    out: dict[str, types.ModuleType] = {}
+    runtime = triton.knobs.runtime
+    with runtime.scope():
+        runtime.interpret = not kernels
+        for rel in rels:
+            name = _module_name(rel)
+            mod = _exec_module(pkg / rel, f"{prefix}.{name.rsplit('.', 1)[1]}", {}, ())
+            if not kernels:
+                _interpret_launchers(mod)
+            out[name] = mod
+    return out
+
+
+def _interpret_launchers(mod: types.ModuleType) -> None:
+    """Wrap the module's plain Python functions (the launchers around its kernels) so that, while one runs,
+    every library function of `triton.language` that is a compiled-mode `@jit` function is its interpreted twin."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    twins = {n: (v, InterpretedFunction(v.fn)) for n in dir(tl) if isinstance(v := getattr(tl, n), JITFunction)}
+    depth = [0]  # launchers call each other: only the outermost call swaps and restores
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            if depth[0] == 0:
+                for n, (_, twin) in twins.items():
+                    setattr(tl, n, twin)
+            depth[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    for n, (orig, _) in twins.items():
+                        setattr(tl, n, orig)
+        return launch
+
+    for n, v in list(vars(mod).items()):
+        if isinstance(v, types.FunctionType) and v.__module__ == mod.__name__:
+            setattr(mod, n, wrap(v))
+
+
 @dataclass
 class _Helpers:
     """Upstream's own small definitions, taken from the wheel's source."""
@@ -265,23 +466,39 @@ class _Helpers:
     build_inner_fb_view: Callable[..., Any] | None
     build_replay_fb_view: Callable[..., Any] | None
     canonicalize_stride: Callable[..., Any]
+    enums: dict[str, type]  # upstream enums present in this release (AttentionType, ...), by name
+    resolve_ragged_verify_layout: Callable[..., Any] | None  # 0.5.16+
 
 
-def _helpers(pkg: Path) -> _Helpers:
+def _helpers(pkg: Path, facts: SglangFacts) -> _Helpers:
     base_env = {"torch": torch, "Optional": Optional, "SimpleNamespace": SimpleNamespace, "IntEnum": IntEnum,
-                "auto": auto, "total_ordering": total_ordering}
+                "auto": auto, "total_ordering": total_ordering, "Enum": Enum, "enum": enum}
     fm = _extract(pkg / _FBI_PATH, ("ForwardMode",), base_env)["ForwardMode"]
     env = dict(base_env, ForwardMode=fm, ForwardBatch=UpstreamBatch)
     try:
         inner = _extract(pkg / _FBI_PATH, ("build_inner_fb_view",), env)["build_inner_fb_view"]
     except SglangNotFound:
         inner = None
-    try:
-        replay_view = _extract(pkg / _CGR_PATH, ("build_replay_fb_view",), env)["build_replay_fb_view"]
+    # The view names the data-parallel padding mode (0.5.21+); no data parallelism here, and no backend of this
+    # kind reads it.
+    view_env = dict(env, DpPaddingMode=SimpleNamespace(get_default_mode_in_cuda_graph=lambda *a, **k: None))
+    try:  # 0.5.12's runner has no view builder (its backends take the replay arguments one by one)
+        replay_view = _extract(pkg / facts.cuda_graph_runner_path, ("build_replay_fb_view",),
+                               view_env)["build_replay_fb_view"]
     except SglangNotFound:
         replay_view = None
-    canon = _extract(pkg / _UTILS_PATH, ("canonicalize_stride",), env)["canonicalize_stride"]
-    return _Helpers(fm, inner, replay_view, canon)
+    canon = _extract(pkg / facts.attention_utils_path, ("canonicalize_stride",), env)["canonicalize_stride"]
+    enums: dict[str, type] = {}
+    for rel, name in _ENUM_SOURCES:
+        if (pkg / rel).is_file():
+            try:
+                enums[name] = _extract(pkg / rel, (name,), base_env)[name]
+            except SglangNotFound:
+                continue  # an older release: its backend does not import it
+    ragged = None
+    if facts.has_ragged_verify:
+        ragged = _extract(pkg / _RAGGED_PATH, ("resolve_ragged_verify_layout",), env)["resolve_ragged_verify_layout"]
+    return _Helpers(fm, inner, replay_view, canon, enums, ragged)
 
 
 def _module(prefix: str, name: str, **attrs: Any) -> types.ModuleType:
@@ -290,36 +507,76 @@ def _module(prefix: str, name: str, **attrs: Any) -> types.ModuleType:
     return mod
 
 
-def _base_stand_ins(prefix: str, kernels: bool) -> dict[str, Any]:
-    """What base_attn_backend.py imports."""
+class _Absent:
+    """A class the backend only tests instances against (isinstance): no such pool exists here."""
+
+
+def _stand_ins(prefix: str, h: _Helpers, kernels: bool, workspace_bytes: int) -> dict[str, Any]:
+    """What base_attn_backend.py imports (and the module-level names the backend shares with it), every release's
+    module names at once: a release imports the ones it has."""
+    inner = {} if h.build_inner_fb_view is None else {"build_inner_fb_view": h.build_inner_fb_view}
+    fbi = _module(prefix, "forward_batch_info", ForwardMode=h.ForwardMode, ForwardBatch=UpstreamBatch, **inner)
+    logging_mod = _module(prefix, "kernel_api_logging", debug_kernel_api=lambda f: f)
     return {
-        "sglang.kernel_api_logging": _module(prefix, "kernel_api_logging", debug_kernel_api=lambda f: f),
+        "sglang.kernel_api_logging": logging_mod,  # up to 0.5.17
+        "sglang.kernels.kernel_api_logging": logging_mod,  # 0.5.18+
+        "sglang.srt.environ": _module(prefix, "environ", envs=_envs(workspace_bytes)),
+        "sglang.srt.model_executor.forward_batch_info": fbi,
         "sglang.srt.utils.common": _module(prefix, "common", is_npu=lambda: False,
                                            is_sm90_supported=_is_sm(9) if kernels else (lambda: False),
                                            is_sm120_supported=_is_sm(12) if kernels else (lambda: False)),
     }
 
 
-def _backend_stand_ins(prefix: str, h: _Helpers, base_cls: type, kernels: bool,
-                       workspace_bytes: int) -> dict[str, Any]:
-    """What trtllm_mha_backend.py imports, besides the base class module."""
-    fib, fib_multi = _make_flashinfer_parents(base_cls)
+def _backend_stand_ins(prefix: str, h: _Helpers, base: types.ModuleType, ctx: _RuntimeContext,
+                       kernels: bool) -> dict[str, Any]:
+    """What trtllm_mha_backend.py imports besides the base module's names, every release's at once."""
+    access = h.enums.get("KVCacheAttentionAccessKind")
+    plain = access.PLAIN if access is not None else "plain"
+    fib, fib_multi = _make_flashinfer_parents(base.AttentionBackend, ctx, plain)
 
     class _SWA:
         """No sliding-window pools here."""
 
-    inner = {} if h.build_inner_fb_view is None else {"build_inner_fb_view": h.build_inner_fb_view}
-    fbi = _module(prefix, "forward_batch_info", ForwardMode=h.ForwardMode, ForwardBatch=UpstreamBatch, **inner)
+    fp8 = _unsupported("an fp8 KV cache")
+    canon = {"canonicalize_stride": h.canonicalize_stride}
+
+    def counter_buffer(device: torch.device, num_q_heads: int, max_batch_size: int) -> torch.Tensor:
+        # trtllm_mla_backend's persistent counter: only its existence matters to metadata.
+        return torch.zeros(1, dtype=torch.uint8, device=device)
+
     return {
-        "sglang.srt.environ": _module(prefix, "environ", envs=_envs(workspace_bytes)),
+        "sglang.srt.layers.attention.base_attn_backend": base,
         "sglang.srt.layers.attention.flashinfer_backend": _module(
             prefix, "flashinfer_backend", FlashInferAttnBackend=fib, FlashInferMultiStepDraftBackend=fib_multi),
         "sglang.srt.layers.attention.triton_ops.trtllm_fp8_kv_kernel": _module(
-            prefix, "trtllm_fp8_kv_kernel", fused_fp8_set_kv_buffer=_fused_fp8_set_kv_buffer),
-        "sglang.srt.layers.attention.utils": _module(prefix, "utils", canonicalize_stride=h.canonicalize_stride),
+            prefix, "trtllm_fp8_kv_kernel", fused_fp8_set_kv_buffer=fp8),
+        "sglang.srt.layers.attention.utils": _module(prefix, "utils", **canon),  # up to 0.5.15
+        "sglang.kernels.ops.attention.utils": _module(prefix, "utils", **canon),  # 0.5.16+
+        "sglang.srt.layers.quantization.fp8_kernel": _module(prefix, "fp8_kernel", scaled_fp8_quant=fp8),
         "sglang.srt.mem_cache.swa_memory_pool": _module(prefix, "swa_memory_pool", SWAKVPool=_SWA,
                                                         SWATokenToKVPoolAllocator=_SWA),
-        "sglang.srt.model_executor.forward_batch_info": fbi,
+        "sglang.srt.mem_cache.memory_pool": _module(prefix, "memory_pool", KVWriteLoc=_Absent,
+                                                    HybridLinearKVPool=_Absent),
+        "sglang.srt.mem_cache.kv_loc_plan": _module(prefix, "kv_loc_plan", **{
+            k: v for k, v in h.enums.items() if k == "IdSpaceKind"}),
+        "sglang.srt.mem_cache.layout.paged_view": _module(prefix, "paged_view",
+                                                          paged_kv_view=_unsupported("a paged KV view")),
+        "sglang.srt.layers.attention.trtllm_mla_backend": _module(
+            prefix, "trtllm_mla_backend", make_persistent_multi_ctas_kv_counter_buffer=counter_buffer),
+        "sglang.srt.layers.cp.base": _module(prefix, "cp_base", CPAttentionBackendKind=_Absent,
+                                             get_cp_strategy=_unsupported("context parallelism")),
+        "sglang.srt.layers.cp.utils": _module(prefix, "cp_utils", is_cp_active=lambda *a, **k: False,
+                                              is_cp_v2_active=lambda *a, **k: False),
+        "sglang.srt.layers.quantization.fp4_kv_cache_quant_method": _module(
+            prefix, "fp4_kv_cache_quant_method", **{k: v for k, v in h.enums.items()
+                                                    if k == "KVCacheAttentionAccessKind"}),
+        "sglang.srt.layers.radix_attention": _module(prefix, "radix_attention", **{
+            k: v for k, v in h.enums.items() if k == "AttentionType"}),
+        "sglang.srt.runtime_context": ctx.module(prefix),
+        "sglang.srt.speculative.ragged_verify": _module(
+            prefix, "ragged_verify", resolve_ragged_verify_layout=h.resolve_ragged_verify_layout,
+            build_ragged_target_verify_geometry=_unsupported("ragged verify (SGLANG_RAGGED_VERIFY_MODE)")),
         "sglang.srt.utils": _module(prefix, "utils", is_flashinfer_available=lambda: kernels),
     }
 
@@ -332,21 +589,33 @@ def load_upstream(where: str | os.PathLike[str] | None = None, *, kernels: bool 
     drives); the default keeps everything on the metadata path, which is what runs on a CPU."""
     pkg = find_sglang(where)
     version = sglang_version(pkg)
+    facts = _facts(version, pkg)
     _COUNTER[0] += 1
     prefix = f"_specscope_sglang_{version.replace('.', '_')}_{_COUNTER[0]}"
     if workspace_bytes is None:
         workspace_bytes = (512 << 20) if kernels else (1 << 20)
-    h = _helpers(pkg)
-    stubs = _base_stand_ins(prefix, kernels)
+    h = _helpers(pkg, facts)
+    stubs = _stand_ins(prefix, h, kernels, workspace_bytes)
     base = _exec_module(pkg / _BASE_PATH, f"{prefix}.base_attn_backend", stubs, ())
-    stubs.update(_backend_stand_ins(prefix, h, base.AttentionBackend, kernels, workspace_bytes))
+    ctx = _RuntimeContext(kernels)
+    stubs.update(_backend_stand_ins(prefix, h, base, ctx, kernels))
+    kmods = _kernel_modules(pkg, facts, prefix, kernels)
+    stubs.update(kmods)
     tmb = _exec_module(pkg / TMB_PATH, f"{prefix}.trtllm_mha_backend", stubs, ("flashinfer",) if kernels else ())
-    return UpstreamSglang(version, pkg, tmb, base, h.ForwardMode, h.build_inner_fb_view, h.build_replay_fb_view)
+    up = UpstreamSglang(version, pkg, tmb, base, h.ForwardMode, h.build_inner_fb_view, h.build_replay_fb_view,
+                        facts, kmods)
+    check_facts(up)
+    return up
+
+
+def _facts(version: str, pkg: Path) -> SglangFacts:
+    try:
+        return facts_for(version)
+    except ValueError as e:
+        raise SglangNotFound(f"{pkg}: {e}") from e
 
 
 TMB_MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
-_PACKAGES = ("", "srt", "srt/layers", "srt/layers/attention", "srt/layers/attention/triton_ops", "srt/mem_cache",
-             "srt/model_executor")
 
 
 def install_as_sglang(where: str | os.PathLike[str] | None = None, *, kernels: bool = False,
@@ -360,40 +629,61 @@ def install_as_sglang(where: str | os.PathLike[str] | None = None, *, kernels: b
     pkg = find_sglang(where)
     if any(m == "sglang" or m.startswith("sglang.") for m in sys.modules):
         raise RuntimeError("sglang is already imported in this process")
+    version = sglang_version(pkg)
+    facts = _facts(version, pkg)
     if workspace_bytes is None:
         workspace_bytes = (512 << 20) if kernels else (1 << 20)
-    for rel in _PACKAGES:
+    for rel in ("", "srt", "srt/layers", "srt/layers/attention"):
         name = "sglang" + ("." + rel.replace("/", ".") if rel else "")
         mod = types.ModuleType(name)
         mod.__path__ = [str(pkg / rel)] if rel else [str(pkg)]
         mod.__package__ = name
         sys.modules[name] = mod
-    h = _helpers(pkg)
-    sys.modules.update(_base_stand_ins("sglang", kernels))
+    h = _helpers(pkg, facts)
+    sys.modules.update(_stand_ins("sglang", h, kernels, workspace_bytes))
     base = importlib.import_module("sglang.srt.layers.attention.base_attn_backend")
-    sys.modules.update(_backend_stand_ins("sglang", h, base.AttentionBackend, kernels, workspace_bytes))
+    ctx = _RuntimeContext(kernels)
+    sys.modules.update(_backend_stand_ins("sglang", h, base, ctx, kernels))
+    kmods = _kernel_modules(pkg, facts, "sglang._specscope_kernels", kernels)
+    sys.modules.update(kmods)
     tmb = importlib.import_module(TMB_MODULE)
-    return UpstreamSglang(sglang_version(pkg), pkg, tmb, base, h.ForwardMode, h.build_inner_fb_view,
-                          h.build_replay_fb_view)
+    up = UpstreamSglang(version, pkg, tmb, base, h.ForwardMode, h.build_inner_fb_view, h.build_replay_fb_view,
+                        facts, kmods)
+    check_facts(up)
+    return up
 
 
 def make_model_runner(*, req_to_token: torch.Tensor, page_size: int, context_len: int, num_draft_tokens: int | None,
                       device: torch.device | str = "cpu", topk: int = 1, is_draft_worker: bool = False,
                       token_to_kv_pool: Any = None, dtype: torch.dtype = torch.bfloat16,
-                      kv_cache_dtype: torch.dtype | None = None, hidden_size: int = 64) -> SimpleNamespace:
-    """The attributes `TRTLLMHAAttnBackend.__init__` reads from a model runner (0.5.12 and 0.5.13)."""
+                      kv_cache_dtype: torch.dtype | None = None, hidden_size: int = 64,
+                      num_attention_heads: int = 8, num_kv_heads: int = 2, head_dim: int = 128) -> SimpleNamespace:
+    """The attributes `TRTLLMHAAttnBackend.__init__` reads from a model runner, in every release 0.5.12+ (a
+    release reads the ones it needs): a GQA model without ENCODER_ONLY layers on a static KV pool."""
     pool = SimpleNamespace(req_to_token=req_to_token, size=req_to_token.shape[0] - 1)
     allocator = SimpleNamespace(get_kvcache=lambda: token_to_kv_pool)
+    model_config = SimpleNamespace(context_len=context_len, hidden_size=hidden_size,
+                                   num_attention_heads=num_attention_heads, head_dim=head_dim, v_head_dim=head_dim,
+                                   get_num_kv_heads=lambda tp_size: max(1, num_kv_heads // tp_size))
     return SimpleNamespace(
-        model_config=SimpleNamespace(context_len=context_len, hidden_size=hidden_size),
+        model_config=model_config,
         kv_cache_dtype=kv_cache_dtype or dtype, dtype=dtype, page_size=page_size, req_to_token_pool=pool,
         token_to_kv_pool=token_to_kv_pool, token_to_kv_pool_allocator=allocator, device=torch.device(device),
         server_args=SimpleNamespace(speculative_eagle_topk=topk, speculative_num_draft_tokens=num_draft_tokens),
         is_draft_worker=is_draft_worker,
-        spec_algorithm=SimpleNamespace(is_frozen_kv_mtp=lambda: False))
+        spec_algorithm=SimpleNamespace(is_frozen_kv_mtp=lambda: False),
+        model=SimpleNamespace(modules=lambda: iter(())), max_running_requests=req_to_token.shape[0] - 1,
+        prefill_attention_backend_str="trtllm_mha", decode_attention_backend_str="trtllm_mha",
+        kv_index_translator=_NoTranslation())
 
 
-LOADED_FILES = (TMB_PATH, _BASE_PATH, _FBI_PATH, _CGR_PATH, _UTILS_PATH, "version.py")
+def loaded_files(pkg: Path) -> tuple[str, ...]:
+    """The wheel files this loader reads for the release at `pkg`, relative to the package."""
+    f = facts_for(sglang_version(pkg))
+    rels = [TMB_PATH, _BASE_PATH, _FBI_PATH, f.cuda_graph_runner_path, f.attention_utils_path, _RAGGED_PATH,
+            *(rel for rel, _ in _ENUM_SOURCES), "version.py"]
+    rels += [r for r in (f.page_table_kernel_path, f.graph_metadata_kernel_path) if r is not None]
+    return tuple(rels)
 
 
 def write_slim(pkg: Path, dest: Path) -> Path:
@@ -403,7 +693,7 @@ def write_slim(pkg: Path, dest: Path) -> Path:
 
     version = sglang_version(pkg)
     out = dest / version
-    for rel in LOADED_FILES:
+    for rel in loaded_files(pkg):
         src = pkg / rel
         if src.is_file():
             (out / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -426,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for where in a.sglang or [None]:
             print(write_slim(find_sglang(where), Path(a.slim)))
-    except SglangNotFound as e:
+    except (SglangNotFound, ValueError) as e:
         print(f"specscope: error: {e}", file=sys.stderr)
         return 2
     return 0

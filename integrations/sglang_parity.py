@@ -5,7 +5,8 @@ Fields compared for every prepared forward (the metadata the kernels consume):
 
 - `cache_seqlens_int32`, `cu_seqlens_q`, `cu_seqlens_k`: values over all rows the kernel runs (padded rows too),
   and their dtypes (`*.dtype`);
-- `max_seq_len_q`, `max_seq_len_k`: the Python scalars;
+- `max_seq_len_q`, `max_seq_len_k`: the Python scalars (`max_seq_len_k` only where the release has it: from 0.5.14
+  upstream's metadata has no such field, and it is compared as absent, `(absent)` in the table);
 - `page_table`: the row count, and for every row b the columns j < ceil(cache_seqlens[b] / P) the kernel reads
   (upstream's lengths);
 - `kernel_q_len`: the q length the kernels run with: the live `max_seq_len_q` eagerly, the value frozen at
@@ -35,6 +36,7 @@ from ..backend.trtllm_mha_backend import TRTLLMHABackend
 from ..tracer.schema import ForwardMode
 from .sglang_driver import UpstreamGraphRunner, specscope_batch, step_backends, upstream_batch
 from .sglang_loader import UpstreamSglang, load_upstream, make_model_runner
+from .sglang_versions import facts_for
 
 FIELDS = ("cache_seqlens_int32", "cache_seqlens_int32.dtype", "cu_seqlens_q", "cu_seqlens_q.dtype", "cu_seqlens_k",
           "cu_seqlens_k.dtype", "max_seq_len_q", "max_seq_len_k", "page_table", "kernel_q_len",
@@ -63,6 +65,16 @@ def _ptrs(md: Any) -> dict[str, int]:
     return {n: getattr(md, n).data_ptr() for n in _TENSORS if getattr(md, n, None) is not None}
 
 
+class _Absent:
+    """The value of a metadata field the release does not have (not a made-up value)."""
+
+    def __repr__(self) -> str:
+        return "absent"
+
+
+ABSENT: Any = _Absent()
+
+
 @dataclass
 class Snapshot:
     """One prepared forward's metadata, as plain values."""
@@ -81,7 +93,8 @@ def snapshot(md: Any, *, kernel_q_len: int | None, reuses: bool | None) -> Snaps
         t = getattr(md, n)
         v[n] = None if t is None else t.detach().cpu().tolist()
         v[n + ".dtype"] = None if t is None else str(t.dtype)
-    v["max_seq_len_q"], v["max_seq_len_k"] = int(md.max_seq_len_q), int(md.max_seq_len_k)
+    v["max_seq_len_q"] = int(md.max_seq_len_q)
+    v["max_seq_len_k"] = int(md.max_seq_len_k) if hasattr(md, "max_seq_len_k") else ABSENT
     v["page_table"] = torch.zeros(0, 0, dtype=torch.int32) if md.page_table is None else md.page_table.detach().cpu()
     v["kernel_q_len"] = None if kernel_q_len is None else int(kernel_q_len)
     v["reuses_capture_tensors"] = reuses
@@ -89,8 +102,9 @@ def snapshot(md: Any, *, kernel_q_len: int | None, reuses: bool | None) -> Snaps
 
 
 def diff(ref: Snapshot, got: Snapshot, page_size: int) -> set[str]:
-    """Fields where `got` (ours) differs from `ref` (upstream)."""
-    out = {f for f in FIELDS if f != "page_table" and ref.values[f] != got.values[f]}
+    """Fields where `got` (ours) differs from `ref` (upstream); a field upstream does not have is not compared."""
+    out = {f for f in FIELDS if f != "page_table" and ref.values[f] is not ABSENT
+           and ref.values[f] != got.values[f]}
     a, b, lens = ref.values["page_table"], got.values["page_table"], ref.values["cache_seqlens_int32"] or []
     if a.shape[0] != b.shape[0]:
         out.add("page_table")
@@ -344,8 +358,9 @@ def sweep(up: UpstreamSglang, *, iterations: int = 3, faults: frozenset[str] = f
 
 def parity_table(cmps: list[Comparison], version: str) -> str:
     """Markdown: one row per (mode, phase), one column per field; `=` equal, `≠` a difference (documented ones
-    carry their note), `·` not applicable."""
+    carry their note), `·` not applicable, `(absent)` a field this release's metadata does not have."""
     cols = [f for f in FIELDS]
+    absent = set(facts_for(version).fields_absent)
     head = "| mode | phase | forwards | " + " | ".join(f"`{c}`" for c in cols) + " |"
     sep = "|" + "---|" * (3 + len(cols))
     lines = [head, sep]
@@ -358,6 +373,9 @@ def parity_table(cmps: list[Comparison], version: str) -> str:
             for f in cols:
                 if f == "reuses_capture_tensors" and "replay" not in phase:
                     cells.append("·")
+                    continue
+                if f in absent:
+                    cells.append("(absent)")
                     continue
                 n = sum(f in c.differs for c in sel)
                 note = DOCUMENTED.get((mode.value, phase, f))
