@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("dash")
 
-from specscope.ui.web import figures, scripts  # noqa: E402
+from specscope.ui.web import figures, pages, scripts  # noqa: E402
 from specscope.ui.web.app import create_app  # noqa: E402
 from webfixtures import ROOT, SAMPLES  # noqa: E402
 
@@ -80,6 +80,7 @@ def test_the_partial_traces_are_what_the_figure_functions_emit(monkeypatch: pyte
         for path in ("/", "/acceptance", "/violations", "/compare", "/step/0", f"/step/{n // 2}", f"/step/{n - 1}"):
             d.page(path, "")
         d.page("/step/0", "?trace=b")
+        pages.timeline_window(d.sources["a"], 0, n)  # the whole run: wider than a Gantt, drawn per bin
         for src in d.sources.values():
             src.close()
     called = {n for n, types in emitted.items() if types}

@@ -403,9 +403,12 @@ def _register(app: Dash, d: Dashboard) -> None:
         if trig in (ids.TL_FROM, ids.TL_TO):
             lo, hi = _box(box_lo, "first step", top), _box(box_hi, "last step", top)
         elif trig == ids.TL_OVERVIEW:
-            x = _clicked_step({"points": [{"x": round(click["points"][0]["x"])}]} if isinstance(click, dict)
-                              and click.get("points") and isinstance(click["points"][0], dict)
-                              and isinstance(click["points"][0].get("x"), (int, float)) else click)
+            try:
+                x = _clicked_step({"points": [{"x": round(click["points"][0]["x"])}]} if isinstance(click, dict)
+                                  and click.get("points") and isinstance(click["points"][0], dict)
+                                  and isinstance(click["points"][0].get("x"), (int, float)) else click)
+            except InputError:
+                raise dash.exceptions.PreventUpdate from None  # a click on no step changes nothing
             width = pages.DEFAULT_WINDOW
             if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
                 width = max(1, value[1] - value[0] + 1)

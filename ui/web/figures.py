@@ -243,15 +243,13 @@ def plan_bins_figure(sb: SpanBins) -> Figure:
     lo, hi = sb.edges[:-1], sb.edges[1:] - 1
     busy = np.zeros(len(lo))
     busy[sb.bin[comp]] = sb.busy_ns[comp]
-    data = []
-    if plan.any():
-        b = sb.bin[plan]
-        share = 100 * sb.busy_ns[plan] / np.maximum(busy[b], 1)
-        data.append({"type": "bar", "x": (lo[b] + hi[b]) / 2, "y": share, "name": "plan time / compute time (%)",
-                     "marker": {"color": "#6baed6"}, "width": np.maximum(hi[b] - lo[b], 1) * 0.9,
-                     "customdata": np.column_stack([lo[b], hi[b]]),
-                     "hovertemplate": "steps %{customdata[0]}–%{customdata[1]}<br>plan %{y:.0f}% of compute time"
-                                      "<extra></extra>"})
+    b = sb.bin[plan]
+    share = 100 * sb.busy_ns[plan] / np.maximum(busy[b], 1)
+    data = [{"type": "bar", "x": (lo[b] + hi[b]) / 2, "y": share, "name": "plan time / compute time (%)",
+             "marker": {"color": "#6baed6"}, "width": np.maximum(hi[b] - lo[b], 1) * 0.9,
+             "customdata": np.column_stack([lo[b], hi[b]]),
+             "hovertemplate": "steps %{customdata[0]}–%{customdata[1]}<br>plan %{y:.0f}% of compute time"
+                              "<extra></extra>"}]
     title = "Plan against compute per bin" + ("" if plan.any() else " (no plan-stream spans: plan stream off)")
     return _figure(data, title, 240, xaxis=axis("step", **_FIXED), yaxis=axis("%", rangemode="tozero", **_FIXED),
                    margin=_TIMELINE_MARGIN)
