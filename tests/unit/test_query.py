@@ -292,3 +292,67 @@ def test_wait_for_steps_follows_a_live_writer(tmp_path: os.PathLike[str]) -> Non
         t = time.monotonic()
         assert r.wait_for_steps(total - 1, 30.0) == total  # closed: returns at once
         assert time.monotonic() - t < 5
+
+
+def test_violations_page_filters_and_pages_in_sql(v2_trace: str) -> None:
+    from specscope.tracer.query import ViolationFilter as F
+
+    with TraceReader(v2_trace) as r:
+        every = r.violations()
+        assert every and r.count_violations() == len(every)
+        assert r.violations_page(None, 0, None) == every
+        pages = [r.violations_page(None, k, 3) for k in range(0, len(every), 3)]
+        assert [v for p in pages for v in p] == every
+        modes = {s.index: s.mode.value for s in r.summaries()}
+        for f, keep in [
+            (F(check_ids=(every[0].check_id,)), lambda v: v.check_id == every[0].check_id),
+            (F(severity="warning"), lambda v: v.severity == Severity.WARNING),
+            (F(mode=modes[every[-1].step]), lambda v: modes[v.step] == modes[every[-1].step]),
+            (F(start=20, stop=50), lambda v: 20 <= v.step < 50),
+            (F(text=every[0].message[3:9].upper()), lambda v: every[0].message[3:9].lower() in v.message.lower()),
+            (F(text="%_"), lambda v: "%_" in v.message),
+            (F(request_id=1000), lambda v: v.request_id == 1000),
+        ]:
+            want = [v for v in every if keep(v)]
+            assert r.violations_page(f, 0, None) == want and r.count_violations(f) == len(want), f
+        v = every[len(every) // 2]
+        k = r.violation_position(None, v.step, v.check_id)
+        assert k is not None and every[k].step == v.step and every[k].check_id == v.check_id
+        assert all(w.step < v.step or w.check_id != v.check_id for w in every[:k] if w.step <= v.step)
+        assert r.violation_position(None, 10**6, "I1") is None
+
+
+def test_step_and_span_bins_aggregate_the_summaries(v2_trace: str) -> None:
+    with TraceReader(v2_trace) as r:
+        rows = r.summaries()
+        spans = r.spans()
+        viols = r.violations()
+        b = r.step_bins(0, N, 7)
+        assert len(b.edges) == 8 and b.edges[0] == 0 and b.edges[-1] == N
+        for k in range(7):
+            inside = [s for s in rows if b.edges[k] <= s.index < b.edges[k + 1]]
+            j = list(b.bin).index(k)
+            assert b.steps[j] == len(inside) and b.bs_max[j] == max(s.batch_size for s in inside)
+            assert b.captures[j] == sum(s.graph == GraphPhase.CAPTURE for s in inside)
+            errs = sum(1 for v in viols if b.edges[k] <= v.step < b.edges[k + 1] and v.severity == Severity.ERROR)
+            assert b.errors[j] == errs
+            for mode in {s.mode.value for s in inside}:
+                m = [s.duration_ns for s in inside if s.mode.value == mode]
+                at = [i for i in range(len(b.mode_bin)) if b.mode_bin[i] == k and b.mode[i] == mode][0]
+                assert (b.count[at], b.dur_min_ns[at], b.dur_max_ns[at]) == (len(m), min(m), max(m))
+        sb = r.span_bins(0, N, 5)
+        for k, stream, n, busy in zip(sb.bin, sb.stream, sb.count, sb.busy_ns, strict=True):
+            mine = [s for s in spans if s.stream == stream and sb.edges[k] <= s.step < sb.edges[k + 1]]
+            assert n == len(mine) and busy == sum(s.end_ns - s.start_ns for s in mine)
+
+
+def test_accept_lengths_by_request_match_the_steps(v2_trace: str) -> None:
+    with TraceReader(v2_trace) as r:
+        want: dict[int, list[int]] = {}
+        for st in r.steps():
+            if st.mode.value == "TARGET_VERIFY":
+                for q in st.requests:
+                    if q.accept_length > 0:
+                        want.setdefault(q.request_id, []).append(q.accept_length)
+        got = r.accept_lengths_by_request()
+        assert got == {k: (len(v), sum(v)) for k, v in want.items()}
