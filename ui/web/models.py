@@ -359,10 +359,9 @@ def mark_index(marks: Sequence[CellMark], step: Step) -> MarkIndex:
                 out.seqlens.setdefault((int(i), SEQLENS_COLUMNS[a]), []).append(mk)
             if mk.row is not None:
                 out.requests.setdefault(int(mk.row), []).append(mk)
-        elif a in REQUEST_COLUMNS or (mk.row is not None and step.array(a) is not None):
-            if mk.row is not None:
-                out.requests.setdefault(int(mk.row), []).append(mk)
-        else:
+        elif mk.row is not None and (a in REQUEST_COLUMNS or step.array(a) is not None):
+            out.requests.setdefault(int(mk.row), []).append(mk)
+        else:  # a scalar, or a fact of the whole batch (every row's accept length): the detail lists it
             out.scalars.setdefault(a, []).append(mk)
     return out
 
