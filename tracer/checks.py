@@ -264,6 +264,28 @@ class _Ctx:
         self.out: list[Violation] = []
         self.a = {a.name: a for a in step.arrays}
         self.skip = skip  # invariants whose facts this trace does not record: never judged on a made-up value
+        self._reads: tuple[int, np.ndarray, np.ndarray] | None | bool = False  # False: not computed yet
+        self._want: list[int] | None = None
+        self._tok: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def want_lens(self) -> list[int]:
+        """Each live row's cache_seqlens by its mode's formula (I5, I39), computed once."""
+        if self._want is None:
+            s = self.step
+            self._want = [_formula(s, r.seq_len_before, r.seq_len_after) for r in s.requests]
+        return self._want
+
+    def token_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`_token_rows` of this step, computed once."""
+        if self._tok is None:
+            self._tok = _token_rows(self)
+        return self._tok
+
+    def reads(self) -> tuple[int, np.ndarray, np.ndarray] | None:
+        """`_live_reads` of this step, computed once (several relations need it)."""
+        if self._reads is False:
+            self._reads = _live_reads(self)
+        return self._reads  # type: ignore[return-value]
 
     def v(self, check_id: str, msg: str, request_id: int | None = None, *, array: str | None = None,
           row: int | None = None, col: int | None = None, found: object = None, expected: object = None,
@@ -403,8 +425,9 @@ def _check_values(c: _Ctx) -> None:
             c.v("I4", f"cu_seqlens_k[{j}] = {int(cuk[j])}, prefix sum of cache_seqlens gives {int(want[j])}",
                 array="cu_seqlens_k", col=j, found=int(cuk[j]), expected=int(want[j]),
                 related=[cell("cache_seqlens", j - 1, None, int(cs[j - 1]))] if j else [])
-    for b, r in enumerate(s.requests):
-        e = _formula(s, r.seq_len_before, r.seq_len_after)
+    want = c.want_lens()
+    for b, r in enumerate(s.requests) if cs[: len(want)].tolist() != want else ():
+        e = want[b]
         if int(cs[b]) != e:
             c.v("I5", f"cache_seqlens = {int(cs[b])}, {s.mode.value} formula gives {e} "
                       f"(S = {r.seq_len_before}, T = {s.tokens_per_request})", r.request_id,
@@ -511,6 +534,12 @@ def _check_pages(c: _Ctx) -> None:
     cs, pt, starts = c.arr("cache_seqlens"), c.arr("page_table"), c.arr("req_to_token_page_starts")
     if cs is None or pt is None or starts is None:
         return
+    got = c.reads()
+    if got is not None and starts.shape == pt.shape and pt.ndim == 2:
+        live, n_read, mask = got
+        if (not np.any(-(-cs[:live].astype(np.int64) // p) > pt.shape[1])
+                and np.array_equal(pt[:live][mask], starts[:live][mask] // p) and not np.any(starts[:live][mask] % p)):
+            return  # every read page agrees and is aligned: the common case, without a Python loop
     for b, r in enumerate(s.requests):
         n = -(-int(cs[b]) // p)
         if n > pt.shape[1]:
@@ -543,7 +572,43 @@ def _owned(c: _Ctx, starts: np.ndarray) -> list[set[int]]:
     return out
 
 
+def _token_rows(c: _Ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per query token of the live rows: its row, its index within the row, and the rows' query lengths."""
+    q = np.asarray(_q_lens(c.step)[: len(c.step.requests)], dtype=np.int64)
+    rows = np.repeat(np.arange(q.shape[0]), q)
+    first = np.cumsum(q) - q
+    return rows, np.arange(rows.shape[0]) - first[rows], q
+
+
 def _check_ownership(c: _Ctx) -> None:
+    """I29 / I30, vectorized for the common clean step; any suspect step is judged by the exact per-row walk."""
+    p = c.step.page_size
+    starts, loc = c.arr(_R2T), c.arr(_LOC)
+    got = c.reads() if starts is not None else None
+    if got is None or starts is None or starts.shape[1] != got[2].shape[1]:
+        return _check_ownership_rows(c)
+    live, _, mask = got
+    pages = starts[:live].astype(np.int64) // p
+    row_of = np.broadcast_to(np.arange(live)[:, None], pages.shape)
+    keep = mask & (pages != 0)
+    pairs = np.unique(pages[keep] * live + row_of[keep])  # one (page, row) pair per page a row owns
+    upages, urows = pairs // live, pairs % live
+    if upages.size and np.any(upages[1:] == upages[:-1]):
+        return _check_ownership_rows(c)  # I29
+    if loc is None:
+        return None
+    rows, _, q = c.token_rows()
+    if rows.shape[0] > loc.shape[0]:
+        return _check_ownership_rows(c)
+    tok = loc[: rows.shape[0]].astype(np.int64) // p
+    if upages.size and tok.size:
+        k = np.clip(np.searchsorted(upages, tok), 0, upages.size - 1)
+        if np.any((upages[k] == tok) & (urows[k] != rows)):
+            return _check_ownership_rows(c)  # I30
+    return None
+
+
+def _check_ownership_rows(c: _Ctx) -> None:
     """I29 (a page owned by two live requests) and I30 (a KV write into a page another live request owns)."""
     s, p = c.step, c.step.page_size
     starts = c.arr("req_to_token_page_starts")
@@ -583,10 +648,29 @@ def _check_ownership(c: _Ctx) -> None:
 
 
 def _check_tokens(c: _Ctx) -> None:
-    s, p = c.step, c.step.page_size
+    """I13 / I12, vectorized for the common clean step; any suspect step is judged by the exact per-row walk."""
+    p = c.step.page_size
     cs, pt, pos, loc = c.arr("cache_seqlens"), c.arr("page_table"), c.arr("positions"), c.arr("out_cache_loc")
     if cs is None or pt is None or pos is None or loc is None:
         return
+    rows, t, q = c.token_rows()
+    n = rows.shape[0]
+    if not q.size:
+        return
+    if n <= pos.shape[0] and n <= loc.shape[0] and pos.ndim == 1 and loc.ndim == 1 and pt.ndim == 2:
+        want_pos = cs[: q.shape[0]].astype(np.int64)[rows] - q[rows] + t
+        if np.array_equal(pos[:n], want_pos) and (not n or (want_pos.min() >= 0
+                                                             and want_pos.max() // p < pt.shape[1])):
+            want_loc = pt[rows, want_pos // p].astype(np.int64) * p + want_pos % p
+            if np.array_equal(loc[:n], want_loc):
+                return
+    _check_tokens_rows(c)
+
+
+def _check_tokens_rows(c: _Ctx) -> None:
+    s, p = c.step, c.step.page_size
+    cs, pt, pos, loc = c.arr("cache_seqlens"), c.arr("page_table"), c.arr("positions"), c.arr("out_cache_loc")
+    assert cs is not None and pt is not None and pos is not None and loc is not None
     start = 0
     for b, (r, n) in enumerate(zip(s.requests, _q_lens(s), strict=False)):
         want_pos = np.arange(int(cs[b]) - n, int(cs[b]))
@@ -688,35 +772,37 @@ def _first_dup(row: np.ndarray) -> tuple[int, int] | None:
 
 def _check_row_pages(c: _Ctx) -> None:
     """I36 (a live row's logical pages are distinct physical pages) and I37 (no live row touches page 0)."""
-    got = _live_reads(c)
+    got = c.reads()
     if got is None:
         return
     live, n, mask = got
     s, p = c.step, c.step.page_size
     pt, starts = c.arr("page_table"), c.arr(_R2T)
-    tables = [("page_table", pt[:live].astype(np.int64))]  # type: ignore[index]
+    # req_to_token is where the pages come from; the page table the kernel read is tied to it cell by cell (I10), so
+    # it is judged here only where req_to_token was not recorded.
     if starts is not None and starts.shape[1] == pt.shape[1]:  # type: ignore[union-attr]
-        tables.append((_R2T, starts[:live].astype(np.int64) // p))
-    for name, pages in tables:
-        # Sorting each row with unread columns set to distinct negatives finds a repeat without a Python loop.
-        keyed = np.where(mask, pages, -1 - np.arange(pages.shape[1])[None, :])
-        srt = np.sort(keyed, axis=1)
-        dup_rows = np.nonzero(np.any((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0), axis=1))[0]
-        for b in dup_rows[:1].tolist():
-            pair = _first_dup(pages[b, : n[b]])
-            assert pair is not None
-            j0, j = pair
-            scale = p if name == _R2T else 1
-            c.v("I36", f"{name}: logical pages {j0} and {j} of this row both map to physical page {int(pages[b, j])}: "
-                       "two positions share one KV slot", s.requests[b].request_id, array=name, row=b, col=j,
-                found=int(pages[b, j]) * scale, expected=f"a page other than logical page {j0}'s",
-                related=[cell(name, b, j0, int(pages[b, j0]) * scale)])
-        zero = np.argwhere((pages == 0) & mask)
-        if zero.size:
-            b, j = (int(x) for x in zero[0])
-            c.v("I37", f"{name}[{b}, {j}] maps logical page {j} of a live row to the reserved page 0 (the padding "
-                       "page every padded row reads and writes)", s.requests[b].request_id, array=name, row=b, col=j,
-                found=0, expected="a page > 0")
+        name, pages = _R2T, starts[:live].astype(np.int64) // p
+    else:
+        name, pages = "page_table", pt[:live].astype(np.int64)  # type: ignore[index]
+    # One sort of (page, row) keys finds a page repeated within a row without a Python loop.
+    keyed = np.sort((pages * live + np.arange(live)[:, None])[mask])
+    dup = keyed[1:][keyed[1:] == keyed[:-1]]
+    scale = p if name == _R2T else 1
+    if dup.size:
+        b = int(dup[0]) % live
+        pair = _first_dup(pages[b, : n[b]])
+        assert pair is not None
+        j0, j = pair
+        c.v("I36", f"{name}: logical pages {j0} and {j} of this row both map to physical page {int(pages[b, j])}: "
+                   "two positions share one KV slot", s.requests[b].request_id, array=name, row=b, col=j,
+            found=int(pages[b, j]) * scale, expected=f"a page other than logical page {j0}'s",
+            related=[cell(name, b, j0, int(pages[b, j0]) * scale)])
+    zero = np.argwhere((pages == 0) & mask)
+    if zero.size:
+        b, j = (int(x) for x in zero[0])
+        c.v("I37", f"{name}[{b}, {j}] maps logical page {j} of a live row to the reserved page 0 (the padding "
+                   "page every padded row reads and writes)", s.requests[b].request_id, array=name, row=b, col=j,
+            found=0, expected="a page > 0")
     loc = c.arr(_LOC)
     if loc is not None and loc.ndim == 1:
         ntok = min(sum(_q_lens(s)), loc.shape[0])
@@ -748,8 +834,9 @@ def _check_row_ownership(c: _Ctx) -> None:
     loc = c.arr(_LOC)
     if loc is not None and loc.ndim == 1:
         ntok = min(sum(_q_lens(s)), loc.shape[0])
-        w = loc[:ntok]
-        if np.unique(w).size != ntok:
+        w = np.sort(loc[:ntok])
+        if np.any(w[1:] == w[:-1]):
+            w = loc[:ntok]
             pair = _first_dup(w)
             assert pair is not None
             (b0, t0), (b, t) = _token_row(s, pair[0]), _token_row(s, pair[1])
@@ -758,11 +845,11 @@ def _check_row_ownership(c: _Ctx) -> None:
                 col=t, found=int(w[pair[1]]), expected="a slot no other token writes",
                 related=[cell(_LOC, b0, t0, int(w[pair[0]]))])
     rpi = c.arr("req_pool_indices")
-    for name, vals in (("req_pool_indices", None if rpi is None else rpi[:live]),
-                       ("slot", np.array([r.slot for r in s.requests])),
-                       ("request_id", np.array([r.request_id for r in s.requests]))):
-        if vals is not None and vals.size and np.unique(vals).size != vals.size:
-            pair = _first_dup(vals)
+    for name, vals in (("req_pool_indices", None if rpi is None else rpi[:live].tolist()),
+                       ("slot", [r.slot for r in s.requests]),
+                       ("request_id", [r.request_id for r in s.requests])):
+        if vals is not None and len(set(vals)) != len(vals):
+            pair = _first_dup(np.array(vals))
             assert pair is not None
             b0, b = pair
             c.v("I38", f"{name} {int(vals[b])} is used by live rows {b0} and {b}: they read and write one "
@@ -785,9 +872,10 @@ def _check_identity(c: _Ctx) -> None:
         return
     rpi = c.arr("req_pool_indices")
     if rpi is not None and rpi.ndim == 1:
-        want = np.array([r.slot for r in s.requests], dtype=np.int64)
-        bad = np.nonzero(rpi[:live].astype(np.int64) != want)[0]
-        if bad.size:
+        slots = [r.slot for r in s.requests]
+        want = np.array(slots, dtype=np.int64)
+        bad = np.nonzero(rpi[:live].astype(np.int64) != want)[0] if rpi[:live].tolist() != slots else ()
+        if len(bad):
             b = int(bad[0])
             c.v("I39", f"req_pool_indices[{b}] = {int(rpi[b])} but request row {b} is in slot {int(want[b])}: the "
                        "kernels read another request's req_to_token row", s.requests[b].request_id,
@@ -796,9 +884,10 @@ def _check_identity(c: _Ctx) -> None:
     seq = c.arr("seq_lens")
     if seq is not None and seq.ndim == 1:
         off = _seq_lens_offset(s)
-        want = np.array([_formula(s, r.seq_len_before, r.seq_len_after) - off for r in s.requests], dtype=np.int64)
-        bad = np.nonzero(seq[:live].astype(np.int64) != want)[0]
-        if bad.size:
+        lens = [x - off for x in c.want_lens()]
+        want = np.array(lens, dtype=np.int64)
+        bad = np.nonzero(seq[:live].astype(np.int64) != want)[0] if seq[:live].tolist() != lens else ()
+        if len(bad):
             b = int(bad[0])
             r = s.requests[b]
             c.v("I39", f"seq_lens[{b}] = {int(seq[b])} but request row {b} gives {int(want[b])} for {s.mode.value} "
@@ -1003,7 +1092,8 @@ class _Requests:
     PRUNE = 256  # iterations a request may be absent before its pages are forgotten
 
     def __init__(self) -> None:
-        self.pages: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}  # starts, step, row, iter
+        # request id -> per logical page: slot of its first position, and the step, row and iteration that read it
+        self.pages: dict[int, tuple[list[int], list[int], list[int], list[int]]] = {}
         self.seen: dict[int, int] = {}  # request id -> last iteration
         self.iteration: int | None = None
         self.start: dict[int, tuple[int, int, int, str]] = {}  # request id -> (length, step, row, field)
@@ -1028,59 +1118,53 @@ class _Requests:
                     self.pages.pop(rid, None)
         self._lengths(c)
         starts = c.arr(_R2T)
-        got = _live_reads(c) if starts is not None else None
+        got = c.reads() if starts is not None else None
         if got is None or starts is None or starts.ndim != 2 or starts.shape[1] != got[2].shape[1]:
             for r in s.requests:
                 self.seen[r.request_id] = s.iteration
             return
         _, n, _ = got
-        p = s.page_size
+        p, it = s.page_size, s.iteration
+        table = starts.tolist()  # short rows: Python lists compare faster than one numpy call per row
         for b, r in enumerate(s.requests):
             rid = r.request_id
-            self.seen[rid] = s.iteration
+            self.seen[rid] = it
             nb = int(n[b])
-            row = starts[b, :nb].astype(np.int64)
+            row = table[b][:nb]
             held = self.pages.get(rid)
-            if held is not None and s.mode == ForwardMode.EXTEND and held[3].max(initial=-1) < s.iteration:
+            if held is not None and s.mode == ForwardMode.EXTEND and max(held[3], default=-1) < it:
                 held = None  # a new life
             if held is None:
-                self._store(rid, row, s, b, None)
+                self.pages[rid] = (row, [s.index] * nb, [b] * nb, [it] * nb)
                 continue
             known, steps, rows, iters = held
-            m = min(nb, known.shape[0])
-            if m:
-                committed = np.arange(m) * p < r.seq_len_before
-                same_it = iters[:m] == s.iteration
-                bad = np.nonzero((known[:m] >= 0) & (row[:m] != known[:m]) & (same_it | committed))[0]
-                if bad.size:
-                    j = int(bad[0])
-                    was = int(steps[j])
-                    if same_it[j]:
-                        c.v("I40", f"req_to_token maps logical page {j} to slot {int(row[j])}, but step {was} of this "
-                                   f"iteration read slot {int(known[j])} there: the steps of one iteration read "
-                                   "different KV", rid, array=_R2T, row=b, col=j, found=int(row[j]),
-                            expected=int(known[j]), related=[cell(_R2T, int(rows[j]), j, int(known[j]), was)])
+            m = min(nb, len(known))
+            if known[:m] != row[:m]:
+                for j in range(m):
+                    if known[j] == row[j] or not (iters[j] == it or j * p < r.seq_len_before):
+                        continue
+                    was = steps[j]
+                    if iters[j] == it:
+                        c.v("I40", f"req_to_token maps logical page {j} to slot {row[j]}, but step {was} of this "
+                                   f"iteration read slot {known[j]} there: the steps of one iteration read "
+                                   "different KV", rid, array=_R2T, row=b, col=j, found=row[j], expected=known[j],
+                            related=[cell(_R2T, rows[j], j, known[j], was)])
                     else:
                         c.v("I41", f"req_to_token maps logical page {j} (committed positions {j * p}.."
-                                   f"{min((j + 1) * p, r.seq_len_before) - 1}) to slot {int(row[j])}, but step {was} "
-                                   f"read slot {int(known[j])} there: committed KV moved while the request lives",
-                            rid, array=_R2T, row=b, col=j, found=int(row[j]), expected=int(known[j]),
-                            related=[cell(_R2T, int(rows[j]), j, int(known[j]), was)])
-            self._store(rid, row, s, b, held)
-
-    def _store(self, rid: int, row: np.ndarray, s: Step, b: int,
-               held: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None) -> None:
-        n = row.shape[0]
-        if held is None or held[0].shape[0] < n:
-            size = max(n, 0 if held is None else held[0].shape[0])
-            new = tuple(np.full(size, -1, np.int64) for _ in range(4))
-            if held is not None:
-                for a, old in zip(new, held, strict=True):
-                    a[: old.shape[0]] = old
-            held = new  # type: ignore[assignment]
-        assert held is not None
-        held[0][:n], held[1][:n], held[2][:n], held[3][:n] = row, s.index, b, s.iteration
-        self.pages[rid] = held
+                                   f"{min((j + 1) * p, r.seq_len_before) - 1}) to slot {row[j]}, but step {was} "
+                                   f"read slot {known[j]} there: committed KV moved while the request lives",
+                            rid, array=_R2T, row=b, col=j, found=row[j], expected=known[j],
+                            related=[cell(_R2T, rows[j], j, known[j], was)])
+                    break
+            if nb > len(known):
+                known.extend(row[len(known):])
+                steps.extend([s.index] * (nb - len(steps)))
+                rows.extend([b] * (nb - len(rows)))
+                iters.extend([it] * (nb - len(iters)))
+            known[:nb] = row
+            steps[:nb] = [s.index] * nb
+            rows[:nb] = [b] * nb
+            iters[:nb] = [it] * nb
 
     def _lengths(self, c: _Ctx) -> None:
         """I40's lengths and window: one starting length per request and iteration; draft extend re-runs the
