@@ -23,8 +23,11 @@ from . import strip_cycles
 from .frames import MainScreen
 from .idle_gc import IdleCollector
 from .lines import Lines
+from .marks import StepMarks, catalogue_order, tk_flagged
 from .screens import HelpScreen, PromptScreen
 from .source import BLOCK, BackgroundLoader, TraceSource
+from .step_violations import StepViolations
+from .streams import Timeline
 from .widgets import (
     AcceptPanel,
     ChainPanel,
@@ -33,7 +36,6 @@ from .widgets import (
     RequestsTable,
     StepList,
     TextPane,
-    Timeline,
     ViolationsPanel,
 )
 
@@ -84,8 +86,9 @@ ACTIONS: list[tuple[str, str, str, str]] = [
     ("search", "/", "Search…", "request id (r12), mode (verify), check id (I6), violation, bs change, or a condition"),
     ("search_next", "ctrl+n", "Search again (next match)", "repeat the last search forward"),
     ("search_prev", "ctrl+b", "Search again (previous match)", "repeat the last search backward"),
-    ("next_violation", "n", "Next violation", "jump to the next step with a violation and highlight its cell"),
-    ("prev_violation", "N", "Previous violation", "jump to the previous step with a violation"),
+    ("next_violation", "n", "Next violation", "the step's next violation, then the next step with one; its cells "
+     "are marked"),
+    ("prev_violation", "N", "Previous violation", "the step's previous violation, then the previous step with one"),
     ("focus_next", "tab", "Focus next pane", "cycle the focus through the panes"),
     ("toggle_side", "v", "Show violations / draft / acceptance", "on narrow terminals, swap in the side column"),
     ("grid_zoom_in", "+", "Page grid: zoom in", "fewer logical pages per character (0 = page numbers)"),
@@ -101,7 +104,7 @@ LIVE_ACTIONS: list[tuple[str, str, str, str]] = [
     ("live_step", "s", "Live: single step", "run exactly one forward, then pause"),
     ("live_iteration", "i", "Live: run to next iteration", "run until the first step of the next iteration"),
     ("live_continue", "C", "Live: continue", "run freely (breakpoints stay armed)"),
-    ("live_breakpoints", "b", "Live: breakpoints…", "violation on/off, a step number, or a condition"),
+    ("live_breakpoints", "b", "Live: breakpoints…", "violation on / violation off, a step number, a condition, off"),
 ]
 
 
@@ -124,10 +127,12 @@ class SpecscopeApp(App[int]):
     .-side-open #center { display: none; }
     StepList, PageGrid, RequestsTable, ViolationsPanel, DetailPanel, Timeline, ChainPanel, AcceptPanel {
         border-top: solid $primary-darken-2; border-title-color: $text-muted; }
-    StepList:focus, PageGrid:focus, RequestsTable:focus, ViolationsPanel:focus {
+    StepViolations { border-top: solid #ff5f5f; border-title-color: #ff5f5f; height: 4; display: none;
+                     scrollbar-size-vertical: 1; padding: 0 1; }
+    StepList:focus, PageGrid:focus, RequestsTable:focus, ViolationsPanel:focus, StepViolations:focus {
         border-top: solid $accent; border-title-color: $accent; }
     StepList { height: 1fr; scrollbar-size-vertical: 1; }
-    Timeline { height: 5; }
+    Timeline { height: 9; }
     DetailPanel { height: 6; padding: 0 1; }
     RequestsTable { height: 6; max-height: 40%; }
     PageGrid { height: 1fr; min-height: 6; }
@@ -177,6 +182,8 @@ class SpecscopeApp(App[int]):
         self.follow = (not self.source.is_closed()) if follow is None else follow
         self.current = 0
         self.highlight: m.Cell | None = None
+        self.focus_violation: Violation | None = None  # the violation of the current step n / N walked to
+        self.message_step: int | None = None  # the step a status-line message is about (shown only there)
         self.accel = Accelerator()
         self.last_search: StepFilter | None = None
         self.last_search_text = ""
@@ -212,6 +219,7 @@ class SpecscopeApp(App[int]):
                 yield StepList(src, id="steps")
                 yield Timeline(src, id="timeline")
             with Vertical(id="center"):
+                yield StepViolations(id="stepviol")
                 yield DetailPanel(id="detail")
                 yield RequestsTable(id="requests")
                 yield PageGrid(id="grid")
@@ -223,7 +231,7 @@ class SpecscopeApp(App[int]):
 
     def on_mount(self) -> None:
         """Titles, first step, background loading, polling for live traces."""
-        titles = {"steps": "steps", "timeline": "streams (plan / compute / host)", "detail": "step",
+        titles = {"steps": "steps", "timeline": "plan / compute streams", "detail": "step",
                   "requests": "requests", "grid": "page table × logical page  (cache_seqlens, cu_seqlens_q/k)",
                   "violations": "violations by invariant", "chain": "draft chain", "accept": "acceptance by position"}
         for wid, title in titles.items():
@@ -234,6 +242,7 @@ class SpecscopeApp(App[int]):
         self._timeline, self._chain = self.query_one(Timeline), self.query_one(ChainPanel)
         self._accept, self._violations = self.query_one(AcceptPanel), self.query_one(ViolationsPanel)
         self._statusbar = self.query_one("#status", TextPane)
+        self._stepviol = self.query_one(StepViolations)
         self._main_screen = self.screen
         self._layout_classes(self.size.width)
         self.loader.start()
@@ -269,6 +278,8 @@ class SpecscopeApp(App[int]):
         if src.num_steps() == 0:
             return
         i = src.snap(int(i))
+        if self.message and self.message_step != i:
+            self.message, self.message_step = "", None  # what the status line said was about another step
         self._tail = i == src.last_index()
         self.collector.moved()
         self.current = i
@@ -282,20 +293,23 @@ class SpecscopeApp(App[int]):
         st = src.step(i)
         s = src.summary(i)
         assert s is not None, "a held step has a summary"
-        viols = src.violations.at(i)
-        if cell is None and violation is not None:
-            cell = m.violation_cell(violation, st)
-        if cell is None and viols:
-            cell = m.violation_cell(viols[0], st)
+        viols = catalogue_order(src.violations.at(i))
+        focus = violation if violation is not None and violation in viols else (viols[0] if viols else None)
+        self.focus_violation = focus
+        if cell is None and focus is not None:
+            cell = m.violation_cell(focus, st)
         self.highlight = cell
+        marks = StepMarks.of(viols, st, focus)
+        self._show_violations(i, viols, marks)
         capture = src.capture_of(i) if st.graph.value == "replay" else None
-        self._detail.show(st, s, capture, src.run.attention_kernel, max(len(viols), s.num_violations))
+        self._detail.show(st, s, capture, src.run.attention_kernel, max(len(viols), s.num_violations), marks,
+                          tk_flagged(viols))
         row = None
         if cell is not None and cell.row is not None and (cell.array == "request" or cell.array not in (
                 "page_table", "cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "req_to_token_page_starts")):
             row = cell.row
-        self._requests.show(st, src.byte_level, row)
-        self._grid_w.show(src.grid(i), cell)
+        self._requests.show(st, src.byte_level, row, marks)
+        self._grid_w.show(src.grid(i), cell, marks)
         if self.accel.streak > 0 and self.accel.key is not None:
             # A held key: the streams and side panes follow once it is released (Dolphie debounces its replay
             # keys the same way), so each repeat redraws only the step list, detail, requests and grid.
@@ -317,6 +331,16 @@ class SpecscopeApp(App[int]):
         for j in jumps:
             src.prefetch(j - BLOCK, j + BLOCK)
         self._shown = i
+
+    def _show_violations(self, i: int, viols: list[Violation], marks: StepMarks) -> None:
+        """The step's violations first, in full; the pane's title says where `n` / `N` stand."""
+        pane = self._stepviol
+        pane.max_lines = max(3, min(12, (self.size.height - 24) // 2 + 6))  # 80x24: 6 lines; 40 rows: 12
+        pane.show(i, viols, marks)
+        if viols:
+            k = viols.index(marks.focus) + 1 if marks.focus in viols else 1
+            pane.border_title = (f"step {i}: {len(viols)} violation{'s' if len(viols) != 1 else ''} "
+                                 f"· {k}/{len(viols)} · n / N walk")
 
     def _prefetch_when_idle(self, steps: list[int]) -> None:
         """Have the neighbour thread decode `steps` once the keys pause for PREFETCH_IDLE_S (each move re-arms it).
@@ -384,17 +408,26 @@ class SpecscopeApp(App[int]):
         if self.controller is not None:  # first: the run's state must survive a narrow terminal's cut
             t.append(self.controller.status_text(short=True) + "  ", style="bold #ffd75f")
         t.append(f"step {self.current}/{max(0, src.last_index())}  ", style="bold")
+        # What is true of the current step first (its violations, where n / N stand), then of the trace.
+        here = catalogue_order(src.violations.at(self.current)) if src.num_steps() else []
+        if here:
+            ids = " ".join(dict.fromkeys(v.check_id for v in here))
+            k = here.index(self.focus_violation) + 1 if self.focus_violation in here else 1
+            t.append(f"here: {ids} ({k}/{len(here)})  ", style="bold #ff5f5f")
         nv = src.violations.total()
         if src.loading_violations:
             t.append("violations: loading…  ", style="grey62")
         else:
-            t.append(f"{nv} violation{'s' if nv != 1 else ''}", style="bold #ff5f5f" if nv else "green")
-            ct = src.checked_through
-            if ct is None or ct < src.last_index():
-                done = src.tui_checked_through
+            t.append(f"{nv} violation{'s' if nv != 1 else ''} in trace", style="bold #ff5f5f" if nv else "green")
+            # Verdicts cover the steps the trace's own checks (or `check --write`) reached, and the ones this
+            # viewer's checker judged since: say how far only while that is short of the last step.
+            last = src.last_index()
+            ct = -1 if src.checked_through is None else src.checked_through
+            done = max(ct, src.tui_checked_through)
+            if done < last:
                 if done >= 0:
-                    t.append(f" (checked here through {done})", style="grey62")
-                elif ct is None:
+                    t.append(f" (checked through step {done})", style="grey62")
+                else:
                     t.append(" (unchecked: press c)", style="grey62")
             t.append("  ")
         if self.controller is not None:
@@ -415,8 +448,8 @@ class SpecscopeApp(App[int]):
         self._statusbar.update(t)
 
     def notify_line(self, text: str) -> None:
-        """A one-line message in the status bar (kept until the next one)."""
-        self.message = text
+        """A one-line message in the status bar, about the current step: it goes when the view moves to another."""
+        self.message, self.message_step = text, self.current
         self._status()
 
     def on_unmount(self) -> None:
@@ -434,6 +467,8 @@ class SpecscopeApp(App[int]):
         if self.follow or self.controller is not None:
             grew = src.refresh()
             if grew:
+                if self.controller is not None:  # no following loader in live mode: read how far verdicts reach
+                    src.checked_through = src.reader.checked_through()
                 self._steps.sync_size()
                 if self._tail and (self.controller is None or self.controller.follow_tail()):
                     self.move_to(src.last_index())
@@ -540,14 +575,14 @@ class SpecscopeApp(App[int]):
             return str(e)
         self.last_search, self.last_search_text = f, text
         hit = self.source.find(f, self.current, backward=backward)
+        wrapped = False
         if hit is None:
             hit = self.source.find(f, -1 if not backward else self.source.last_index() + 1, backward=backward)
             if hit is None:
                 return f"no step matches {text!r}"
-            self.notify_line(f"search wrapped: {text}")
-        else:
-            self.notify_line(f"/{text}")
+            wrapped = True
         self.move_to(hit)
+        self.notify_line(f"search wrapped: {text}" if wrapped else f"/{text}")
         return None
 
     def action_search(self) -> None:
@@ -571,17 +606,23 @@ class SpecscopeApp(App[int]):
                 self.notify_line(err)
 
     def _jump_violation(self, backward: bool) -> None:
+        """The current step's next (previous) violation; past its last (first), the next (previous) step's first
+        (last)."""
         vi = self.source.violations
+        here = catalogue_order(vi.at(self.current))
+        if self.focus_violation in here:
+            k = here.index(self.focus_violation) + (-1 if backward else 1)
+            if 0 <= k < len(here):
+                self.move_to(self.current, violation=here[k])
+                return
         j = vi.next_step(self.current, backward=backward)
         if j is None and self.source.loading_violations:
             j = self.source.find(StepFilter(has_violation=True), self.current, backward)
         if j is None:
             self.notify_line("no " + ("earlier" if backward else "later") + " violation")
             return
-        vs = vi.at(j)
-        self.move_to(j, violation=vs[0] if vs else None)
-        if vs:
-            self.notify_line(f"{vs[0].check_id}: {vs[0].message}")
+        vs = catalogue_order(vi.at(j))
+        self.move_to(j, violation=(vs[-1] if backward else vs[0]) if vs else None)
 
     def action_next_violation(self) -> None:
         """Next step with a violation; its first violation's cell is highlighted."""
@@ -595,7 +636,6 @@ class SpecscopeApp(App[int]):
         """A violation picked in the panel."""
         v = event.violation
         self.move_to(v.step, violation=v)
-        self.notify_line(f"{v.check_id}: {v.message}")
 
     def on_step_list_picked(self, event: StepList.Picked) -> None:
         """A clicked step."""
@@ -699,8 +739,9 @@ class SpecscopeApp(App[int]):
         """Edit the breakpoints."""
         if c := self._live():
             self.push_screen(PromptScreen(
-                "Breakpoints", "violation (toggle) · step N · a condition, e.g. mode == TARGET_VERIFY and bs != "
-                "prev.bs · off", value="", validate=c.breakpoint_text))
+                f"Breakpoints (now {c.breaks.describe().removeprefix('break: ')})",
+                "violation (on) · violation off · step N · a condition, e.g. mode == TARGET_VERIFY and bs != "
+                "prev.bs · off (all)", value="", validate=c.breakpoint_text))
 
     # -- the palette ---------------------------------------------------------------------------------
 

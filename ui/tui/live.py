@@ -339,11 +339,15 @@ class LiveController:
             self.channel.send({"cmd": "next_iteration"})
 
     def breakpoint_text(self, text: str) -> str | None:
-        """Apply a breakpoint edit ("violation", "step N" / "N", "off", or a condition); error sentence or None."""
+        """Apply a breakpoint edit ("violation" / "violation off", "step N" / "N", "off", or a condition); error
+        sentence or None."""
         t = " ".join(text.split())
         low = t.lower()
-        if low in ("v", "violation", "violations"):
-            self.breaks.on_violation = not self.breaks.on_violation
+        # Words say what they set: typing "violation" while the violation breakpoint is on must not turn it off.
+        if low in ("v", "violation", "violations", "violation on", "violations on", "on violation"):
+            self.breaks.on_violation = True
+        elif low in ("violation off", "violations off", "no violation", "no violations", "-violation"):
+            self.breaks.on_violation = False
         elif low in ("off", "none", "clear"):
             self.breaks = Breakpoints(on_violation=False)
         elif low.removeprefix("step").strip().isdigit():

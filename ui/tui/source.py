@@ -463,6 +463,9 @@ class BackgroundLoader:
                     closed = r.is_closed()
                     r.wait_for_steps(self._fed, 0.3)
                     last = _last(r)
+                    # The writer (or a `check --write`) may have judged more steps since: the status line says
+                    # how far the verdicts reach, so it must not keep the count it read at start.
+                    src.checked_through = r.checked_through()
                     if self.auto_check and src.checked_through is None:
                         self.check(r, last + 1)
                     else:

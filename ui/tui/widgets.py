@@ -9,7 +9,8 @@ import numpy as np
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from specscope.tracer.schema import ForwardMode, SpanRow, Step, StepSummary, Violation
+from specscope.tracer.schema import ForwardMode, Step, StepSummary, Violation
+from specscope.ui.views import CellMark
 from textual import events
 from textual.binding import Binding
 from textual.geometry import Region, Size
@@ -17,10 +18,23 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Tree
+from textual.widgets.tree import TreeNode
 
 from . import model as m
 from .lines import LinePane, Lines, WidgetArgs, text_width
+from .marks import (
+    GRID_ARRAYS,
+    REQUEST_FIELDS,
+    SEQLENS_ARRAYS,
+    StepMarks,
+    mark_text,
+    short_message,
+    symbol,
+    tk_flagged,
+)
+from .marks import cell_name as marks_cell
 from .source import TraceSource
+from .streams import fmt_ns
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -40,24 +54,18 @@ _S_CELL_HIT = Style(color="black", bgcolor="#ffff5f", bold=True, underline=True)
 _KIND_STYLES = tuple(Style.parse(x) for x in m.STYLES)
 _S_TABLE_HEAD = Style(bold=True, color="grey85", bgcolor="#1c3a5e")
 _S_ROW_CUR = Style(bgcolor="#23334a")
-_S_LANE, _S_PLAIN = Style(color="grey62"), Style()
-_S_NOW, _S_ODD, _S_EVEN = Style(color="#ffd75f"), Style(color="#5f87af"), Style(color="#5f5f87")
+_S_MARK = Style(color="#ff5f5f", bold=True, underline=True)
+_S_MARK_FOCUS = Style(color="black", bgcolor="#ffff5f", bold=True, underline=True)
+_S_MARK_TEXT = Style(color="#ff8787")
+_S_CELL_MARK = Style(underline=True, bold=True, reverse=True)
 
 
-def fmt_ns(ns: int) -> str:
-    """A duration in the unit that keeps three digits."""
-    if ns < 10_000:
-        return f"{ns / 1000:.1f}µs"
-    if ns < 10_000_000:
-        return f"{ns / 1e6:.2f}ms" if ns < 1_000_000 else f"{ns / 1e6:.1f}ms"
-    return f"{ns / 1e6:.0f}ms"
-
-
-def step_row_text(s: StepSummary, width: int, nviol: int) -> str:
-    """One line of the step list, as many columns as `width` holds."""
+def step_row_text(s: StepSummary, width: int, nviol: int, tk_bad: bool = False) -> str:
+    """One line of the step list, as many columns as `width` holds; `tk_bad`: a check judged T against the
+    kernel's q length at this step (`marks.TK_CHECKS`), the only case the T/K column marks with `≠`."""
     mode = MODE_SHORT.get(s.mode.value, s.mode.value)
     sid = "" if s.step_id is None else str(s.step_id)
-    tk = f"{s.tokens_per_request}{'≠' if s.tokens_per_request != s.num_draft_tokens else '/'}{s.num_draft_tokens}"
+    tk = f"{s.tokens_per_request}{'≠' if tk_bad else '/'}{s.num_draft_tokens}"
     g = GRAPH_SHORT.get(s.graph.value, "?")
     v = f"!{nviol}" if nviol else ""
     bs, pbs = s.batch_size, s.padded_batch_size
@@ -152,11 +160,11 @@ class StepList(ScrollView, can_focus=True):
         if i is None or s is None:
             return Strip.blank(width)
         nv = self.source.num_violations(s)
-        text = step_row_text(s, width, nv).ljust(width)[:width]
+        here = self.source.violations.at(i) if nv else []
+        text = step_row_text(s, width, nv, bool(tk_flagged(here))).ljust(width)[:width]
         style = Style()
         if nv:
-            style = _S_ERR if s.num_errors or any(
-                v.severity.value == "error" for v in self.source.violations.at(i)) else _S_WARN
+            style = _S_ERR if s.num_errors or any(v.severity.value == "error" for v in here) else _S_WARN
         elif s.mode == ForwardMode.TARGET_VERIFY:
             style = Style(color="#87d7ff")
         elif s.model == "draft":
@@ -179,97 +187,17 @@ class TextPane(LinePane):
     pass (which costs a whole-screen relayout per step with auto-sized panes)."""
 
 
-class Timeline(TextPane):
-    """Plan / compute / host streams for the steps around the current one (current step highlighted)."""
-
-    def __init__(self, source: TraceSource, **kw: Unpack[WidgetArgs]) -> None:
-        super().__init__("", **kw)
-        self.source = source
-        self._cache: dict[int, list[SpanRow]] = {}
-        self.current = 0
-
-    def spans_for(self, steps: Sequence[int]) -> dict[int, list[SpanRow]]:
-        """Spans per step of `steps` (ascending indexes), fetched once per step (only the steps not seen yet)."""
-        missing = [i for i in steps if i not in self._cache]
-        if missing:
-            lo, hi = missing[0], missing[-1] + 1
-            got: dict[int, list[SpanRow]] = {i: [] for i in missing}
-            for sp in self.source.reader.spans(steps=(lo, hi)):
-                got.setdefault(sp.step, []).append(sp)
-            self._cache.update(got)
-            if len(self._cache) > 512:
-                for k in sorted(self._cache, key=lambda k: abs(k - steps[0]))[256:]:
-                    del self._cache[k]
-        return {i: self._cache.get(i, []) for i in steps}
-
-    def show(self, i: int) -> None:
-        """Redraw around step i."""
-        self.current = i
-        self.refresh_text()
-
-    def on_resize(self) -> None:
-        """Redraw for the new width."""
-        self.refresh_text()
-
-    def refresh_text(self) -> None:
-        """Draw three lanes over the time the window of steps spans."""
-        width = max(10, self.size.width)
-        n = self.source.num_steps()
-        if n == 0:
-            self.update("no steps yet")
-            return
-        half = 4 if width < 60 else 8
-        # Neighbours by row, within the run of consecutive indexes: steps across a bundle's gap (the captures it
-        # adds before its range) lie far apart in time and would squeeze the window to a line.
-        steps = self.source.around(self.current, half, contiguous=True) or [self.current]
-        a, b = steps[0], steps[-1] + 1
-        per = self.spans_for(steps)
-        sums = {s.index: s for s in self.source.summaries(a, b)}
-        t0 = min([s.start_ns for s in sums.values()] + [sp.start_ns for v in per.values() for sp in v])
-        t1 = max([s.end_ns for s in sums.values()] + [sp.end_ns for v in per.values() for sp in v])
-        lane_w = width - 5
-        scale = max(1, t1 - t0) / lane_w
-        # Per lane, the step drawn in each cell (-1: empty); then one run per stretch of equal cells.
-        lanes = {name: [-1] * lane_w for name in ("plan", "comp", "host")}
-        for i in steps:
-            rows = [(("plan" if sp.stream == "plan" else "comp" if sp.stream == "compute" else "host"),
-                     sp.start_ns, sp.end_ns) for sp in per.get(i, [])]
-            s = sums.get(i)
-            if s is not None:
-                rows.append(("host", s.start_ns, s.end_ns))
-            for lane, x0n, x1n in rows:
-                x0 = int((x0n - t0) / scale)
-                x1 = max(x0 + 1, int((x1n - t0) / scale))
-                cells = lanes[lane]
-                lo, hi = max(0, x0), min(lane_w, x1)
-                if hi > lo:
-                    cells[lo:hi] = [i] * (hi - lo)
-        t = Lines()
-        for name, cells in lanes.items():
-            t.append(f"{name:<4} ", _S_LANE)
-            x = 0
-            while x < lane_w:
-                who = cells[x]
-                end = x + 1
-                while end < lane_w and cells[end] == who:
-                    end += 1
-                if who < 0:
-                    t.append(" " * (end - x), _S_PLAIN)
-                else:
-                    cur = who == self.current
-                    t.append(("█" if cur else "▆") * (end - x),
-                             _S_NOW if cur else (_S_ODD if who % 2 else _S_EVEN))
-                x = end
-            t.append("\n")
-        t.append(f"steps {a}–{b - 1}  {fmt_ns(t1 - t0)}", "grey50")
-        self.update(t)
-
-
 class DetailPanel(TextPane):
-    """Forward mode, draft step, graph phase (and its capture), bs vs padded bs, T vs K, max_seq_len_q/k, timings."""
+    """Forward mode, draft step, graph phase (and its capture), bs vs padded bs, T vs K, max_seq_len_q/k, timings;
+    each field a violation names is marked in place with what was found and what the check expected."""
 
-    def show(self, st: Step, s: StepSummary, capture: int | None, kernel: str, nviol: int) -> None:
-        """Draw the detail of one step: short lines that do not wrap (the ends are cut on narrow panes)."""
+    BASE_HEIGHT = 6  # border and five lines; a step with marked fields takes a line per marked field more
+
+    def show(self, st: Step, s: StepSummary, capture: int | None, kernel: str, nviol: int,
+             marks: StepMarks | None = None, tk: Sequence[str] = ()) -> None:
+        """Draw the detail of one step: short lines that do not wrap (the ends are cut on narrow panes); a marked
+        field gets a line of its own, so its found vs expected is never cut."""
+        marks = marks or StepMarks()
         t = Lines()
         mode = st.mode.value + (f" #{st.step_id}" if st.step_id is not None else "")
         t.append(f"step {st.index}", style="bold")
@@ -284,23 +212,46 @@ class DetailPanel(TextPane):
         if pad:
             t.append(f" (+{pad} pad)", style="#ffaf00")
         t.append(f" · T {st.tokens_per_request} K {st.num_draft_tokens}")
-        if st.tokens_per_request != st.num_draft_tokens:
-            t.append(" T≠K", style="#ff5f5f")
+        if tk:  # only where a check judged T against the kernel's q length (T ≠ K alone is a healthy runner)
+            t.append(f" ✗ {' '.join(tk)}", style=_S_MARK)
         t.append("\n")
         sc = st.scalars
-        t.append(f"max_seq_len_q {sc.get('max_seq_len_q', '-')} · max_seq_len_k {sc.get('max_seq_len_k', '-')}")
+        names = [("max_seq_len_q", "max_seq_len_q"), ("max_seq_len_k", "max_seq_len_k")]
         if "kernel_q_len" in sc:
-            t.append(f" · kernel_q_len {sc['kernel_q_len']}")
+            names.append(("kernel_q_len", "kernel_q_len"))
         if "captured_max_seq_len_q" in sc and st.graph.value == "replay":
-            t.append(f" · frozen q {sc['captured_max_seq_len_q']}")
-        t.append("\n")
+            names.append(("captured_max_seq_len_q", "frozen q"))
+        marked: list[tuple[str, str, list[CellMark]]] = []
+        plain: list[str] = []
+        for key, label in names:
+            got = marks.scalar(key)
+            if got:
+                marked.append((label, str(sc.get(key, "-")), got))
+            else:
+                plain.append(f"{label} {sc.get(key, '-')}")
+        shown = {k for k, _ in names}
+        for mk in marks.unplaced(shown):  # a scalar the line above does not list, or an array no pane draws
+            if mk.row is None and mk.col is None and mk.array in sc:
+                marked.append((mk.array, str(sc[mk.array]), [mk]))
+        for label, value, got in marked:
+            focus = any(marks.is_focus(mk) for mk in got)
+            t.append(f"{symbol(got[0])} {label} {value}", style=_S_MARK_FOCUS if focus else _S_MARK)
+            t.append("  " + "; ".join(f"{mk.check_id}: {mark_text(mk)}" for mk in got) + "\n", style=_S_MARK_TEXT)
+        t.append(" · ".join(plain) + "\n")
+        for mk in marks.unplaced(shown):
+            if mk.row is None and mk.col is None and mk.array in sc:
+                continue
+            t.append(f"{symbol(mk)} {marks_cell(mk)} = {mark_text(mk)}", style=_S_MARK)
+            t.append(f"  {mk.check_id}\n", style=_S_MARK_TEXT)
         t.append(f"{kernel} · host {fmt_ns(st.end_ns - st.start_ns)}", style="grey70")
         for sp in st.spans:
             t.append(f" · {sp.stream}:{sp.name} {fmt_ns(sp.end_ns - sp.start_ns)}", style="grey70")
         if st.errors:
             t.append(f"\n{len(st.errors)} call error(s): {st.errors[0].call}: {st.errors[0].message}", style="bold red")
-        elif nviol:
-            t.append(f"\n{nviol} violation(s) — n / N: next / previous", style="bold #ff5f5f")
+        lines = len(t.rows)
+        want = max(self.BASE_HEIGHT, lines + 1)
+        if self.styles.height is None or self.styles.height.value != want:
+            self.styles.height = want  # a layout pass only when the number of marked fields changes
         self.update(t)
 
 
@@ -336,8 +287,9 @@ class RequestsTable(ScrollView, can_focus=True):
         """The plain text of one cell (for tests and the clipboard)."""
         return "".join(t for t, _ in self.rows[row][col][0])
 
-    def show(self, st: Step, byte_level: bool, highlight_row: int | None) -> None:
-        """Fill with the step's requests."""
+    def show(self, st: Step, byte_level: bool, highlight_row: int | None, marks: StepMarks | None = None) -> None:
+        """Fill with the step's requests; a row a violation names gets `✗` by its number, a field it names the
+        value found and the one expected."""
         rows: list[list[_TCell]] = []
         verify = st.mode == ForwardMode.TARGET_VERIFY
         sep = "" if byte_level else " "
@@ -359,6 +311,14 @@ class RequestsTable(ScrollView, can_focus=True):
                          _tcell(f"{r.seq_len_before}→{r.seq_len_after}"), _tcell(str(r.num_q_tokens)),
                          _tcell(str(r.accept_length) if verify else ""),
                          (tuple(draft), None, sum(text_width(t) for t, _ in draft)), _tcell(acc, _S_GREEN)])
+            if marks and (here := marks.request(b)):
+                row = rows[-1]
+                row[0] = _tcell(f"{b}{symbol(here[0])}", _S_MARK)
+                for c in {REQUEST_FIELDS[mk.array] for mk in here if mk.array in REQUEST_FIELDS}:
+                    got = marks.request_field(b, c)
+                    text = "".join(t for t, _ in row[c][0])
+                    row[c] = _tcell(f"{text} {symbol(got[0])} " + "; ".join(
+                        f"{mk.check_id}: {mark_text(mk)}" for mk in got), _S_MARK)
         for b in range(len(st.requests), st.padded_batch_size):
             rows.append([_tcell(str(b), _S_PAD), _tcell("pad", _S_PAD)] + [_EMPTY] * 6)
         same_frame = len(rows) == len(self.rows) and self.size.height > 0
@@ -477,6 +437,9 @@ class PageGrid(ScrollView, can_focus=True):
         self.grid: m.Grid | None = None
         self.zoom = 0  # index into model.ZOOMS
         self.highlight: m.Cell | None = None
+        self.marks = StepMarks()
+        self._marked_cols: dict[int, list[int | None]] = {}  # row -> page-table columns marked (None: whole row)
+        self._mark_lines: list[list[Segment]] = []
         self._auto_fit = True
         self._zoom_cache: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray]] | None = None
         self._lines: dict[tuple, Strip] = {}
@@ -500,15 +463,22 @@ class PageGrid(ScrollView, can_focus=True):
         return self.grid.cols if z == 0 else -(-self.grid.cols // z)
 
     def _sync(self) -> None:
-        rows = 0 if self.grid is None else self.grid.rows + 1
+        rows = 0 if self.grid is None else self.grid.rows + 1 + len(self._mark_lines)
         _grow_virtual(self, self._label_w() + self._ncells() * self._cell_w(), rows + 2)
         self.refresh()
 
-    def show(self, grid: m.Grid | None, highlight: m.Cell | None) -> None:
-        """Draw a new step's grid (keeps the zoom unless auto-fit is on)."""
+    def show(self, grid: m.Grid | None, highlight: m.Cell | None, marks: StepMarks | None = None) -> None:
+        """Draw a new step's grid (keeps the zoom unless auto-fit is on); `marks` are the cells the step's
+        violations name, `highlight` the one walked to."""
         old = self._frame_key()
         self.grid = grid
         self.highlight = highlight
+        self.marks = marks or StepMarks()
+        self._marked_cols = {}
+        for mk in self.marks.marks:
+            if mk.array in GRID_ARRAYS and mk.row is not None:
+                self._marked_cols.setdefault(mk.row, []).append(mk.col)
+        self._mark_lines = self._mark_rows() if grid is not None else []
         self._lines.clear()
         self._zoom_cache = None  # keyed by the grid's id, which a later grid may reuse
         if grid is not None and self._auto_fit:
@@ -517,7 +487,8 @@ class PageGrid(ScrollView, can_focus=True):
             # Same shape, zoom and scroll: the border, column header and legend stay; only the rows (and the
             # `end` row of cu_seqlens) are repainted.
             sy = int(self.scroll_offset.y)
-            bottom = min(self.size.height, grid.rows + 2 - sy)  # line y shows row sy + y - 1; `end` after them
+            # line y shows row sy + y - 1; `end` and the marked cells' lines after them
+            bottom = min(self.size.height, grid.rows + 2 + len(self._mark_lines) - sy)
             if bottom > 1:
                 self.refresh(Region(0, 1, self.size.width, bottom - 1))
         else:
@@ -531,7 +502,7 @@ class PageGrid(ScrollView, can_focus=True):
         if g is None:
             return None
         return (g.rows, g.cols, self.zoom, self._cell_w(), self.size, int(self.scroll_offset.x),
-                int(self.scroll_offset.y), self.virtual_size)
+                int(self.scroll_offset.y), self.virtual_size, len(self._mark_lines))
 
     def on_resize(self) -> None:
         """Fit again for the new width (a grid shown before the first layout was fitted to no width)."""
@@ -589,7 +560,7 @@ class PageGrid(ScrollView, can_focus=True):
         """Line 0: header; then one line per row; the last: the cu_seqlens end values; then the legend.
         Lines are cached per grid, zoom, scroll and highlight: a repaint of an unchanged grid costs nothing."""
         key = (id(self.grid), self.zoom, int(self.scroll_offset.x), int(self.scroll_offset.y), y, self.size.width,
-               self.highlight)
+               self.highlight, id(self.marks))
         got = self._lines.get(key)
         if got is None:
             if len(self._lines) > 512:
@@ -625,21 +596,23 @@ class PageGrid(ScrollView, can_focus=True):
             # cu_seqlens have rows+1 entries: the last one (the token totals) sits under the last row.
             q = _at(g.cu_seqlens_q, r)
             k = _at(g.cu_seqlens_k, r)
-            label = f"{'end':>3} {'':>5} {'':>8} {q:>5} {k:>6} "
-            return Strip([Segment(label.ljust(width)[:width], _S_DIM)], width)
-        if r == g.rows + 1:
+            segs = [Segment(f"{'end':>3} {'':>5} {'':>8} ", _S_DIM)]
+            for name, val, w in (("cu_seqlens_q", q, 5), ("cu_seqlens_k", k, 6)):
+                segs.extend(self._seqlens_segs(name, r, val, w, _S_DIM))
+            return Strip(segs).crop_extend(0, width, None)
+        nm = len(self._mark_lines)
+        if g.rows < r <= g.rows + nm:
+            return Strip(self._mark_lines[r - g.rows - 1]).crop_extend(0, width, None)
+        if r == g.rows + nm + 1:
             return Strip(self._legend(width)).crop_extend(0, width, None)
-        if r > g.rows + 1:
+        if r > g.rows + nm + 1:
             return Strip.blank(width)
-        hl = self.highlight
         rid = g.request_ids[r]
         label_style = _S_DIM if r >= g.live_rows else Style()
         segs = [Segment(f"{r:>3} ", label_style), Segment(f"{'pad' if rid is None else rid:>5} ", label_style)]
         for name, arr, w in (("cache_seqlens", g.cache_seqlens, 8), ("cu_seqlens_q", g.cu_seqlens_q, 5),
                              ("cu_seqlens_k", g.cu_seqlens_k, 6)):
-            st = _S_HIT if hl is not None and hl.array == name and hl.row == r else label_style
-            segs.append(Segment(f"{_at(arr, r):>{w}}", st))
-            segs.append(Segment(" "))
+            segs.extend(self._seqlens_segs(name, r, _at(arr, r), w, label_style))
         used = sum(len(s.text) for s in segs)
         segs.append(Segment(" " * max(0, lw - used)))
         # Only the columns in view (a 100k-token row is hundreds of cells), one run per stretch of one style.
@@ -674,12 +647,40 @@ class PageGrid(ScrollView, can_focus=True):
             self._zoom_cache = (key, m.zoom_cells(grid, z))
         return self._zoom_cache[1]
 
+    def _seqlens_segs(self, name: str, r: int, text: str, w: int, base: Style) -> list[Segment]:
+        """One seqlens entry and the character after it: `✗` (`◇` related) when a violation names it."""
+        got = self.marks.seqlens(name, r)
+        hl = self.highlight
+        if not got:
+            hit = hl is not None and hl.array == name and hl.row == r
+            return [Segment(f"{text:>{w}}", _S_HIT if hit else base), Segment(" ")]
+        focus = any(self.marks.is_focus(mk) for mk in got)
+        return [Segment(f"{text:>{w}}", _S_HIT if focus else _S_MARK), Segment(symbol(got[0]), _S_MARK)]
+
+    def _mark_rows(self) -> list[list[Segment]]:
+        """A line per marked cell of this pane (grid and seqlens): found vs expected as text, the ids that name it."""
+        by: dict[tuple[str, int | None, int | None], list[CellMark]] = {}
+        for mk in self.marks.marks:
+            if mk.array in GRID_ARRAYS or mk.array in SEQLENS_ARRAYS:
+                by.setdefault((mk.array, mk.row, mk.col), []).append(mk)
+        out = []
+        for got in by.values():
+            mk = got[0]
+            ids = " ".join(dict.fromkeys(x.check_id for x in got))
+            focus = any(self.marks.is_focus(x) for x in got)
+            out.append([Segment(f"{symbol(mk)} {marks_cell(mk)} = {mark_text(mk)}", _S_MARK_FOCUS if focus else
+                                _S_MARK), Segment(f"  {ids}", _S_MARK_TEXT)])
+        return out
+
     def _cell_style(self, k: int, r: int, col: int, z: int = 1) -> Style:
         hl = self.highlight
         base = _KIND_STYLES[k]
         if hl is not None and hl.array in ("page_table", "req_to_token_page_starts") and hl.row == r and (
                 hl.col is None or col <= hl.col < col + max(1, z)):
             return _S_CELL_HIT
+        cols = self._marked_cols.get(r)
+        if cols is not None and any(c is None or col <= c < col + max(1, z) for c in cols):
+            return base + _S_CELL_MARK
         if hl is not None and hl.array == "request" and hl.row == r:
             return base + Style(underline=True)
         return base
@@ -750,7 +751,20 @@ def _crop(cells: Sequence[Segment], start: int, width: int) -> list[Segment]:
     return out
 
 
-class ViolationsPanel(Tree):
+def violation_label(v: Violation) -> Text:
+    """A tree leaf that fits the side column: step, request, and the cell with found vs expected (the step pane has
+    the whole message); a violation without a cell shows the start of its message."""
+    where = f"s{v.step}" + (f" r{v.request_id}" if v.request_id is not None else "")
+    if v.array is not None and v.found is not None:
+        idx = [str(x) for x in (v.row, v.col) if x is not None]
+        cell = f"{v.array}[{','.join(idx)}]" if idx else v.array
+        what = f"{cell} {v.found}" + (f"≠{v.expected}" if v.expected is not None else "")
+    else:
+        what = short_message(v)
+    return Text.assemble((f"{where} ", "bold"), (what, ""))
+
+
+class ViolationsPanel(Tree[Violation]):
     """Violations grouped by invariant; selecting one jumps to its step and highlights its cell."""
 
     BINDINGS = [Binding("j", "cursor_down", show=False), Binding("k", "cursor_up", show=False)]
@@ -779,19 +793,36 @@ class ViolationsPanel(Tree):
         if not groups:
             self.root.add_leaf(Text("no violations", style="grey50"))
             return
+        # The cursor starts on the first violation at or after the current step (Tree's cursor is on no line after
+        # a rebuild, so the first Enter would do nothing), and that violation's group is open.
+        first = min((v for _, vs in groups for v in vs if v.step >= current_step),
+                    key=lambda v: v.step, default=groups[0][1][0])
+        at_cursor = None
         for cid, vs in groups:
             sev = vs[0].severity.value
             label = Text()
             label.append(f"{cid} ", style="bold #ff5f5f" if sev == "error" else "bold #ffaf00")
             label.append(f"×{len(vs)} ", style="bold")
             label.append(descriptions.get(cid, ""), style="grey62")
-            node = self.root.add(label, expand=len(groups) <= 3)
+            node = self.root.add(label, expand=len(groups) <= 3 or cid == first.check_id)
             for v in vs[: self.MAX_PER_GROUP]:
-                where = f"step {v.step}" + (f" r{v.request_id}" if v.request_id is not None else "")
-                msg = v.message.split(": ", 1)[-1]
-                node.add_leaf(Text.assemble((f"{where:<14} ", "bold"), (msg, "")), data=v)
+                leaf = node.add_leaf(violation_label(v), data=v)
+                if v is first:
+                    at_cursor = leaf
             if len(vs) > self.MAX_PER_GROUP:
                 node.add_leaf(Text(f"… {len(vs) - self.MAX_PER_GROUP} more (n / N walk them all)", style="grey50"))
+        self.call_after_refresh(self._place_cursor, at_cursor)
+
+    def _place_cursor(self, node: TreeNode[Violation] | None) -> None:
+        if node is not None and node.line >= 0:
+            self.move_cursor(node)
+        elif self.cursor_line < 0 and self.last_line >= 0:
+            self.cursor_line = 0
+
+    def on_focus(self) -> None:
+        """Enter works at once: a focused tree always has a cursor line."""
+        if self.cursor_line < 0 and self.last_line >= 0:
+            self.cursor_line = 0
 
     def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
         """Jump to a picked violation."""
