@@ -7,7 +7,10 @@ runs when `plan_stream` is on (`EAGLEWorkerV2.verify`: `update_verify_buffers_to
 and the draft-extend backend prepares DRAFT_EXTEND_V2 over the T verified positions. Requests are prefilled with
 an eager EXTEND, batch sizes change between iterations (padded replays), and committed lengths grow by random
 accept lengths. Graphs are captured (metadata half, `UpstreamGraphRunner`) for draft decode and verify, and for
-draft extend when the version has a DRAFT_EXTEND_V2 graph path (0.5.13).
+draft extend when the release has a DRAFT_EXTEND_V2 graph path (0.5.13+). Every release 0.5.12 ... 0.5.23 drives;
+what differs between them comes from `sglang_versions.facts_for` (`up.facts`). From 0.5.15 a graph's metadata is
+computed inside the graph (`init_forward_metadata_in_graph`): the runners run it where the graph would, and the
+recorder keeps those replays as steps whose metadata is not recorded (the values live inside the graph).
 
     python -m specscope.integrations.sglang_drive --sglang .sglang-0.5.12 --K 4 --T 2 -o old.db
     specscope check old.db
@@ -27,7 +30,7 @@ from ..backend.memory import KVPool, PageAllocator, ReqToTokenPool, RequestKV
 from ..tracer.schema import ForwardMode
 from . import sglang as ss
 from .sglang_driver import UpstreamGraphRunner, specscope_batch, upstream_batch
-from .sglang_loader import UpstreamSglang, load_upstream, make_model_runner
+from .sglang_loader import SglangNotFound, UpstreamSglang, load_upstream, make_model_runner
 from .sglang_parity import snapshot
 
 
@@ -70,7 +73,7 @@ def drive(up: UpstreamSglang, trace: str | os.PathLike[str] | None, *, K: int = 
         target = (backend_cls or up.backend_cls)(mr(False))
         draft = up.multi_step_cls(mr(True), 1, num_steps)
         draft_ext = up.backend_cls(mr(True))
-        de_graph = up.api == "out_graph" if draft_extend_graph is None else draft_extend_graph
+        de_graph = up.facts.has_draft_extend_v2_graph if draft_extend_graph is None else draft_extend_graph
         runners = {ForwardMode.DRAFT_DECODE: UpstreamGraphRunner(up, draft, ForwardMode.DRAFT_DECODE,
                                                                  tokens_per_req=1, ladder=list(ladder), device=dev),
                    ForwardMode.TARGET_VERIFY: UpstreamGraphRunner(up, target, ForwardMode.TARGET_VERIFY,
@@ -165,7 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("-o", "--output", required=True, help="trace file to write (replaced if it exists)")
     a = ap.parse_args(argv)
-    up = load_upstream(a.sglang, kernels=a.kernels)
+    if a.K < 2 or (a.T is not None and a.T < 1) or a.page_size < 1 or a.iterations < 1:
+        print("specscope: error: --K must be at least 2, --T, --page-size and --iterations at least 1",
+              file=sys.stderr)
+        return 2
+    try:
+        up = load_upstream(a.sglang, kernels=a.kernels)
+    except SglangNotFound as e:
+        print(f"specscope: error: {e}", file=sys.stderr)
+        return 2
     cls = without_fixup_hook(up) if a.no_fixup_hook else None
     try:
         drive(up, a.output, K=a.K, T=a.T, page_size=a.page_size, iterations=a.iterations, plan_stream=a.plan_stream,

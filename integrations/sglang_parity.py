@@ -35,7 +35,7 @@ from ..backend.memory import KVPool, PageAllocator, ReqToTokenPool, RequestKV
 from ..backend.trtllm_mha_backend import TRTLLMHABackend
 from ..tracer.schema import ForwardMode
 from .sglang_driver import UpstreamGraphRunner, specscope_batch, step_backends, upstream_batch
-from .sglang_loader import UpstreamSglang, load_upstream, make_model_runner
+from .sglang_loader import SglangNotFound, UpstreamSglang, load_upstream, make_model_runner
 from .sglang_versions import facts_for
 
 FIELDS = ("cache_seqlens_int32", "cache_seqlens_int32.dtype", "cu_seqlens_q", "cu_seqlens_q.dtype", "cu_seqlens_k",
@@ -356,9 +356,10 @@ def sweep(up: UpstreamSglang, *, iterations: int = 3, faults: frozenset[str] = f
     return out
 
 
-def parity_table(cmps: list[Comparison], version: str) -> str:
-    """Markdown: one row per (mode, phase), one column per field; `=` equal, `≠` a difference (documented ones
-    carry their note), `·` not applicable, `(absent)` a field this release's metadata does not have."""
+def parity_table_body(cmps: list[Comparison], version: str) -> str:
+    """The markdown table of `parity_table`, without its header line: one row per (mode, phase), one column per
+    field; `=` equal, `≠` a difference (documented ones carry their note), `·` not applicable, `(absent)` a field
+    this release's metadata does not have."""
     cols = [f for f in FIELDS]
     absent = set(facts_for(version).fields_absent)
     head = "| mode | phase | forwards | " + " | ".join(f"`{c}`" for c in cols) + " |"
@@ -381,10 +382,75 @@ def parity_table(cmps: list[Comparison], version: str) -> str:
                 note = DOCUMENTED.get((mode.value, phase, f))
                 cells.append("=" if n == 0 else (f"≠ ({note})" if note else f"**≠ {n}**"))
             lines.append(f"| {mode.value} | {phase} | {len(sel)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_header(versions: str) -> str:
+    """The line naming what a sweep covered, for `versions` (one release or several)."""
     pks = ", ".join(str(p) for p in SWEEP_PAGE_SIZES)
     kts = ", ".join(f"K={k} T={t}" for k, t in SWEEP_KT)
-    return (f"sglang {version}, page sizes {pks}; {kts}; batch sizes 1-8 over the capture ladder 1, 2, 4, 8.\n\n"
-            + "\n".join(lines) + "\n")
+    return f"sglang {versions}, page sizes {pks}; {kts}; batch sizes 1-8 over the capture ladder 1, 2, 4, 8.\n"
+
+
+def parity_table(cmps: list[Comparison], version: str) -> str:
+    """Markdown: the sweep's header line, then `parity_table_body`."""
+    return sweep_header(version) + "\n" + parity_table_body(cmps, version)
+
+
+# ---- mutation checks of the comparison ----------------------------------------------------------------------
+_OVERRIDE = frozenset({"cache_seqlens_int32", "cu_seqlens_k", "max_seq_len_q", "max_seq_len_k", "kernel_q_len"})
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A fault injected into OUR backend, and the (mode, phase) -> fields it must make differ from upstream."""
+
+    fault: str
+    page_size: int
+    K: int
+    T: int
+    expected: dict[tuple[str, str], frozenset[str]]
+
+    @property
+    def name(self) -> str:
+        """`fault-P16-K4-T2`."""
+        return f"{self.fault}-P{self.page_size}-K{self.K}-T{self.T}"
+
+    def expected_for(self, version: str) -> dict[tuple[str, str], frozenset[str]]:
+        """The expected differences on `version`: a field the release does not have cannot differ."""
+        absent = set(facts_for(version).fields_absent)
+        return {k: frozenset(v - absent) for k, v in self.expected.items()}
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation("max-seq-len-q-override", 16, 4, 2,
+             {("TARGET_VERIFY", p): _OVERRIDE for p in ("capture", "replay", "padded replay")}),
+    # K < T: the refresh width comes from S + K, so the tail page-table columns go stale too.
+    Mutation("max-seq-len-q-override", 16, 3, 5,
+             {("TARGET_VERIFY", "capture"): _OVERRIDE, ("TARGET_VERIFY", "replay"): _OVERRIDE | {"page_table"},
+              ("TARGET_VERIFY", "padded replay"): _OVERRIDE | {"page_table"}}),
+    Mutation("stale-page-table", 32, 4, 4,
+             {(m.value, p): frozenset({"page_table"}) for m in GRAPH_MODES for p in ("replay", "padded replay")}),
+    Mutation("padded-row-seqlen", 64, 4, 4,
+             {(m.value, "padded replay"): frozenset({"cache_seqlens_int32", "cu_seqlens_k"}) for m in GRAPH_MODES}),
+    Mutation("zero-cache-seqlens-at-capture", 128, 4, 4,
+             {("DRAFT_DECODE", "capture"): frozenset({"cache_seqlens_int32", "cu_seqlens_k"})}),
+)
+
+
+def differing(cmps: list[Comparison]) -> dict[tuple[str, str], frozenset[str]]:
+    """(mode, phase) -> every field that differs in some forward of it."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for c in cmps:
+        if c.differs:
+            out.setdefault((c.mode.value, c.phase), set()).update(c.differs)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def run_mutation(up: UpstreamSglang, m: Mutation) -> dict[tuple[str, str], frozenset[str]]:
+    """What differs from upstream with `m.fault` injected into our backend."""
+    return differing(run_parity(up, page_size=m.page_size, K=m.K, T=m.T, iterations=4,
+                                faults=frozenset([m.fault])))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -393,7 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sglang", help="folder holding an unpacked sglang wheel (default: the installed one)")
     ap.add_argument("--verbose", action="store_true", help="also print every differing forward")
     a = ap.parse_args(argv)
-    up = load_upstream(a.sglang)
+    try:
+        up = load_upstream(a.sglang)
+    except SglangNotFound as e:
+        print(f"specscope: error: {e}", file=sys.stderr)
+        return 2
     cmps = sweep(up)
     print(parity_table(cmps, up.version), end="")
     if a.verbose:
