@@ -30,7 +30,7 @@ from importlib.metadata import version
 
 from trace_store import Workload, run_info  # noqa: E402
 
-TARGETS = {"timeline_s": 2.0, "step_s": 0.5}
+TARGETS = {"timeline_s": 2.0, "page_s": 2.0, "step_s": 0.15, "range_s": 0.3}  # DESIGN §7
 CHROMIUM = "/usr/bin/chromium"
 DONE_JS = "() => !document.querySelector('[data-dash-is-loading=\"true\"]')"
 # For the breakdown load (not timed with the others): long tasks, and when plotly.js, the page and its figures
@@ -236,6 +236,42 @@ def _measure(args: argparse.Namespace, browser: object, app: object, src: object
             step_next.append(time.perf_counter() - t)
         ctx.close()  # type: ignore[attr-defined]
 
+    # Every other page's first content, each in a fresh context.
+    pages_first: dict[str, list[float]] = {}
+    for name, path, wait in (("acceptance", "/acceptance", ["acc-position", "acc-hist", "acc-time", "acc-bs",
+                                                            "acc-request"]),
+                             ("violations", "/violations", []), ("step", f"/step/{mid}", ["step-heatmap"])):
+        for _ in range(args.repeats + 1):
+            ctx = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
+            page = ctx.new_page()
+            t = time.perf_counter()
+            page.goto(url + path)
+            page.wait_for_selector("#page > div", timeout=60_000)
+            _wait_graphs(page, wait)
+            pages_first.setdefault(name, []).append(time.perf_counter() - t)
+            ctx.close()
+    # Range changes: a step range typed into the timeline's boxes and committed with Enter, until the window's
+    # figures are drawn again (100-step windows across the run, then wide ones drawn per bin).
+    range_change: list[float] = []
+    range_wide: list[float] = []
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
+    page = ctx.new_page()
+    page.goto(url + "/")
+    _wait_graphs(page, graphs)
+    windows = [(lo, lo + 99) for lo in range(1000, n - 200, max(1, (n - 1200) // max(1, args.ranges)))][:args.ranges]
+    wide = [(0, n - 1), (n // 4, n // 2), (n // 2, n // 2 + 5000)]
+    for k, (lo, hi) in enumerate(windows + wide):
+        page.fill("#tl-from", str(lo))
+        page.fill("#tl-to", str(hi))
+        t = time.perf_counter()
+        page.press("#tl-to", "Enter")
+        want = f"steps {lo}–{hi}"
+        page.wait_for_function(f"() => document.querySelector('#tl-window-stats')?.innerText.includes('{want}')",
+                               timeout=60_000)
+        _wait_graphs(page, ["tl-gantt", "tl-overlap"])
+        (range_change if k < len(windows) else range_wide).append(time.perf_counter() - t)
+    ctx.close()
+
     def stats(xs: list[float]) -> dict[str, float]:
         return {"median_s": round(statistics.median(xs), 3), "max_s": round(max(xs), 3), "n": len(xs)}
 
@@ -248,6 +284,9 @@ def _measure(args: argparse.Namespace, browser: object, app: object, src: object
         "step_page_first_load_s": round(step_load[0], 3),
         "step_page_load": stats(step_load[1:]),
         "step_next_key": stats(step_next),
+        "first_content": {k: {**stats(v[1:]), "first_s": round(v[0], 3)} for k, v in pages_first.items()},
+        "range_change": stats(range_change),
+        "range_change_wide": stats(range_wide),
         **payload,
         "targets": TARGETS,
         "machine": {
@@ -263,6 +302,8 @@ def _measure(args: argparse.Namespace, browser: object, app: object, src: object
     res["pass"] = {
         "timeline_s": res["timeline"]["median_s"] <= TARGETS["timeline_s"],
         "step_s": res["step_next_key"]["median_s"] <= TARGETS["step_s"],
+        "page_s": all(v["median_s"] <= TARGETS["page_s"] for v in res["first_content"].values()),
+        "range_s": res["range_change"]["median_s"] <= TARGETS["range_s"],
     }
     return res
 
@@ -382,6 +423,8 @@ is in flight.
 |---|---|---|---|
 | first rendered timeline | median {tl["median_s"]} s, max {tl["max_s"]} s ({tl["n"]} loads; the very first: {res["timeline_first_load_s"]} s) | <= {t["timeline_s"]} s | {mark("timeline_s")} |
 | step page, next step (→ key) | median {sn["median_s"]} s, max {sn["max_s"]} s ({sn["n"]} moves) | <= {t["step_s"]} s | {mark("step_s")} |
+{_pages_md(res)}| range change (boxes + Enter), 100-step windows | median {res["range_change"]["median_s"]} s, max {res["range_change"]["max_s"]} s ({res["range_change"]["n"]} changes) | <= {t["range_s"]} s | {mark("range_s")} |
+| range change, wide windows (5k–100k steps, drawn per bin) | median {res["range_change_wide"]["median_s"]} s, max {res["range_change_wide"]["max_s"]} s ({res["range_change_wide"]["n"]}) | <= {t["range_s"]} s | |
 | step page, fresh load of `/step/N` | median {sl["median_s"]} s, max {sl["max_s"]} s ({sl["n"]} loads; the very first: {res["step_page_first_load_s"]} s) | (page load incl. scripts) | |
 | timeline, second visit (scripts in the browser's cache) | median {res["timeline_cached_scripts"]["median_s"]} s, max {res["timeline_cached_scripts"]["max_s"]} s ({res["timeline_cached_scripts"]["n"]} loads) | | |
 | timeline opened the moment the server starts | drawn in {res.get("cold_timeline_drawn_s", "?")} s{" from part of the summaries" if res.get("cold_timeline_partial") else ""}, complete in {res.get("cold_timeline_complete_s", "?")} s | | |
@@ -392,6 +435,14 @@ server-side: at most 1,000 bins per mode, never one point per step), made {res.g
 {res.get("timeline_breakdown", {}).get("script_transfer_bytes", 0):,} bytes on the wire).
 
 {_breakdown_md(res)}{_ab_md(res)}"""  # noqa: E501
+
+
+def _pages_md(res: dict) -> str:
+    t = res["targets"]
+    return "".join(f"| first content of `{k}` (fresh context) | median {v['median_s']} s, max {v['max_s']} s ({v['n']} "
+                   f"loads; the very first: {v['first_s']} s) | <= {t['page_s']} s | "
+                   f"{'pass' if v['median_s'] <= t['page_s'] else '**MISS**'} |\n"
+                   for k, v in res.get("first_content", {}).items())
 
 
 def _plotly_md(res: dict) -> str:
@@ -431,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed loads after the first one")
     ap.add_argument("--next-steps", type=int, default=5, help="→ presses per step-page load")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ranges", type=int, default=10, help="100-step range changes timed on the timeline")
     ap.add_argument("--baseline", default="samples/traces/h200-plan-stream.db",
                     help="a small trace whose timeline is timed too, as the machine's floor ('' to skip)")
     ap.add_argument("--ab", default="full,partial",

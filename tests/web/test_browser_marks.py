@@ -1,0 +1,177 @@
+"""Browser tests of the marks, the violations page and the timeline's range boxes, in headless Debian chromium:
+the #27495 sample's verify step shows max_seq_len_q marked with no click, a violation found with one filter opens
+its step with one click, n / N walk violations, Enter commits a step-range box. Fails on any console error.
+SPECSCOPE_SCREENSHOTS=docs/screenshots refreshes the page screenshots these tests take."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("dash")
+pytest.importorskip("playwright")
+
+from specscope.tracer.store import TraceReader  # noqa: E402
+from specscope.ui.web.app import create_app  # noqa: E402
+from specscope.ui.web.server import serve_in_thread  # noqa: E402
+from webfixtures import FAULT, SAMPLES, browser_fixture, partial_bundle, screenshot_dir  # noqa: E402,F401
+
+OVERRIDE = os.path.join(SAMPLES, "cpu-fault-max-seq-len-q-override.db")
+TIMEOUT_MS = 20_000
+
+
+def _serve(trace: str) -> Iterator[str]:
+    srv, url = serve_in_thread(create_app(trace, plotly=partial_bundle()))  # type: ignore[arg-type]
+    try:
+        yield url
+    finally:
+        srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def fault_url() -> Iterator[str]:
+    yield from _serve(FAULT)
+
+
+@pytest.fixture(scope="module")
+def override_url() -> Iterator[str]:
+    yield from _serve(OVERRIDE)
+
+
+def _page(browser: object, url: str) -> tuple[object, object, list[str]]:
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, base_url=url)  # type: ignore[attr-defined]
+    p = ctx.new_page()
+    problems: list[str] = []
+    p.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    p.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    p.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    p.set_default_timeout(TIMEOUT_MS)
+    return ctx, p, problems
+
+
+def _shot(p: object, name: str, full_page: bool = False) -> None:
+    d = screenshot_dir()
+    if d:
+        p.screenshot(path=os.path.join(d, f"web-{name}.png"), full_page=full_page)  # type: ignore[attr-defined]
+
+
+def _idle(p: object) -> None:
+    p.wait_for_function("() => !document.querySelector('[data-dash-is-loading=\"true\"]')")  # type: ignore[attr-defined]
+    p.wait_for_timeout(200)  # type: ignore[attr-defined]
+
+
+def test_the_first_violating_verify_step_shows_max_seq_len_q_marked(browser: object, override_url: str) -> None:
+    with TraceReader(OVERRIDE) as r:
+        first = next(v.step for v in r.violations() if r.summary(v.step).mode.value == "TARGET_VERIFY")
+    ctx, p, problems = _page(browser, override_url)
+    try:
+        p.goto(f"/step/{first}")  # type: ignore[attr-defined]
+        row = p.locator("#step-detail tr.marked", has_text="max_seq_len_q")  # type: ignore[attr-defined]
+        row.wait_for()
+        assert "4 ✗ I6: 4, expected 2" in row.inner_text().replace("\t", " ")
+        assert "I6" in p.inner_text("#step-violations")  # type: ignore[attr-defined]
+        # the violations are above the fold, before the detail
+        assert p.locator("#step-violations").bounding_box()["y"] < 300  # type: ignore[attr-defined]
+        p.wait_for_selector("#step-heatmap .main-svg", state="attached")  # type: ignore[attr-defined]
+        _idle(p)
+        _shot(p, "step-marks")
+    finally:
+        ctx.close()  # type: ignore[attr-defined]
+    assert problems == [], problems
+
+
+def test_a_violation_found_with_one_filter_opens_marked_with_one_click(browser: object, fault_url: str) -> None:
+    with TraceReader(FAULT) as r:
+        every = r.violations()
+    v = every[-7]  # deep in the list: page 22 of 22 without a filter
+    ctx, p, problems = _page(browser, fault_url)
+    try:
+        p.goto("/violations")  # type: ignore[attr-defined]
+        p.wait_for_selector(".viol-table")  # type: ignore[attr-defined]
+        assert f"of {len(every):,} violations" in p.inner_text("#vl-count")  # type: ignore[attr-defined]
+        _idle(p)
+        _shot(p, "violations")
+        box = p.locator("#vl-from")  # type: ignore[attr-defined]
+        box.fill(str(v.step))
+        box.press("Enter")
+        p.wait_for_function(f"() => document.querySelector('.viol-table td a')?.innerText === 'step {v.step}'")  # type: ignore[attr-defined]
+        row = p.locator(".viol-table tr", has_text=v.message.split(": ", 1)[1][:60]).first  # type: ignore[attr-defined]
+        row.locator("a").click()
+        p.wait_for_url(re.compile(rf"/step/{v.step}\?v=\d+&check={v.check_id}"))  # type: ignore[attr-defined]
+        p.wait_for_selector("#violation-banner")  # type: ignore[attr-defined]
+        assert v.check_id in p.inner_text("#violation-banner")  # type: ignore[attr-defined]
+        assert p.locator("#step-violations li.cur").count() == 1  # type: ignore[attr-defined]
+        assert f"found {v.found}, expected {v.expected}" in p.inner_text("#step-violations li.cur")  # type: ignore[attr-defined]
+        _idle(p)
+    finally:
+        ctx.close()  # type: ignore[attr-defined]
+    assert problems == [], problems
+
+
+def test_n_and_shift_n_walk_the_violations(browser: object, fault_url: str) -> None:
+    with TraceReader(FAULT) as r:
+        every = r.violations()
+    steps = sorted({v.step for v in every})
+    a, b = steps[0], steps[1]
+    here = sum(1 for v in every if v.step == a)
+    ctx, p, problems = _page(browser, fault_url)
+    try:
+        p.goto(f"/step/{a}")  # type: ignore[attr-defined]
+        p.wait_for_selector("#step-violations")  # type: ignore[attr-defined]
+        _idle(p)
+        for k in range(here):
+            p.keyboard.press("n")  # type: ignore[attr-defined]
+            p.wait_for_url(re.compile(rf"/step/{a}\?v={k}&"))  # type: ignore[attr-defined]
+            p.wait_for_function(f"() => document.querySelectorAll('#step-violations li')[{k}]?.classList.contains('cur')")  # type: ignore[attr-defined]
+        p.keyboard.press("n")  # type: ignore[attr-defined]  # past the step's last: the next step's first
+        p.wait_for_url(re.compile(rf"/step/{b}\?v=0&"))  # type: ignore[attr-defined]
+        p.wait_for_function(f"() => document.querySelector('#step-pos')?.innerText.startsWith('step {b} ')")  # type: ignore[attr-defined]
+        p.keyboard.press("Shift+N")  # type: ignore[attr-defined]
+        p.wait_for_url(re.compile(rf"/step/{a}\?v={here - 1}&"))  # type: ignore[attr-defined]
+        p.click("#viol-next")  # type: ignore[attr-defined]  # the buttons do the same
+        p.wait_for_url(re.compile(rf"/step/{b}\?v=0&"))  # type: ignore[attr-defined]
+        p.wait_for_selector("#step-heatmap .main-svg", state="attached")  # type: ignore[attr-defined]
+        _idle(p)
+        _shot(p, "step")
+    finally:
+        ctx.close()  # type: ignore[attr-defined]
+    assert problems == [], problems
+
+
+def test_a_step_range_box_commits_on_enter(browser: object, fault_url: str) -> None:
+    ctx, p, problems = _page(browser, fault_url)
+    try:
+        p.goto("/")  # type: ignore[attr-defined]
+        p.wait_for_selector("#tl-gantt .main-svg", state="attached")  # type: ignore[attr-defined]
+        _idle(p)
+        before = p.inner_text("#tl-window-stats")  # type: ignore[attr-defined]
+        box = p.locator("#tl-from")  # type: ignore[attr-defined]
+        box.fill("20")
+        p.locator("#tl-to").fill("60")  # type: ignore[attr-defined]  # leaving the first box commits nothing
+        p.wait_for_timeout(400)  # type: ignore[attr-defined]
+        assert p.inner_text("#tl-window-stats") == before  # type: ignore[attr-defined]
+        p.locator("#tl-to").press("Enter")  # type: ignore[attr-defined]
+        p.wait_for_function("() => document.querySelector('#tl-window-stats').innerText.includes('steps 20–60')")  # type: ignore[attr-defined]
+        _idle(p)
+        p.check("#tl-outliers input")  # type: ignore[attr-defined]  # the full scale, outliers included
+        _idle(p)
+        _shot(p, "timeline-window")
+    finally:
+        ctx.close()  # type: ignore[attr-defined]
+    assert problems == [], problems
+
+
+def test_the_acceptance_page_draws(browser: object, fault_url: str) -> None:
+    ctx, p, problems = _page(browser, fault_url)
+    try:
+        p.goto("/acceptance")  # type: ignore[attr-defined]
+        for g in ("acc-position", "acc-hist", "acc-time", "acc-bs", "acc-request"):
+            p.wait_for_selector(f"#{g} .main-svg", state="attached")  # type: ignore[attr-defined]
+        _idle(p)
+        _shot(p, "acceptance")
+    finally:
+        ctx.close()  # type: ignore[attr-defined]
+    assert problems == [], problems
