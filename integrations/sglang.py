@@ -67,7 +67,6 @@ import sys
 import threading
 import time
 import traceback
-import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -150,7 +149,9 @@ def active_tracer() -> SglangTracer | None:
 
 # ---- what the server is (read at attach) ---------------------------------------------------------------
 _MODULES: list[Any] = []  # trtllm_mha_backend modules instrument() patched, the last one is the server's
-_BACKENDS: list[weakref.ref[Any]] = []  # every instrumented backend constructed in this process, oldest first
+# What each backend told at construction (`_attach`), oldest first: kept when the backend itself is gone.
+BACKEND_FACTS: list[dict[str, Any]] = []
+_FACTS_SEQ = [0]  # backends attached so far in this process (numbers BACKEND_FACTS' entries)
 # Failures before any tracer exists (a backend constructed before the trace opens): handed to the next tracer.
 _EARLY_PROBLEMS: list[tuple[str, str]] = []
 
@@ -232,7 +233,7 @@ def parallel_facts(model_runner: Any) -> dict[str, Any]:
     env = next(((k, v) for k in user_env.RANK_VARS if (v := user_env.get(k)) is not None), None)
     if env is not None and env[1].isdigit():
         return {**sizes, "tp_rank": int(env[1]), "source": f"environment ({env[0]})"}
-    return {**sizes, "tp_rank": 0, "source": "none (one process)"}
+    return {**sizes, "tp_rank": 0, "source": "none, one process"}
 
 
 def rank_label(par: dict[str, Any]) -> str:
@@ -424,6 +425,7 @@ class SglangTracer:
         self.version = sglang_version or (module_version(_MODULES[-1]) if _MODULES else _installed_sglang_version())
         self.facts = _facts(self.version)
         self.closed = False
+        self._facts_from = _FACTS_SEQ[0]
         _ACTIVE.append(self)
         early, _EARLY_PROBLEMS[:] = list(_EARLY_PROBLEMS), []
         for what, detail in early:
@@ -439,9 +441,6 @@ class SglangTracer:
                 if self._problems:
                     self._write_problems()
             return self._writer
-
-    def _backends(self) -> list[Any]:
-        return [be for r in _BACKENDS if (be := r()) is not None]
 
     def _run_info(self) -> RunInfo:
         """The run as the backends constructed so far describe it (each part guarded: a part that cannot be read
@@ -470,18 +469,19 @@ class SglangTracer:
         sg["gpu"] = {"name": dev, "capability": cap}
         if _MODULES:
             sg["backend_file"] = str(getattr(_MODULES[-1], "__file__", None))
-        bes = self._backends()
-        target = next((b for b in bes if getattr(b, "_specscope_model", "") == "target"), bes[0] if bes else None)
-        facts = getattr(target, "_specscope_facts", None) if target is not None else None
+        # The backends built since this tracer was made (a drive, a test), else all this process built (the hook
+        # opens its tracer at the first forward, after the server built its backends).
+        known = [f for f in BACKEND_FACTS if f["seq"] > self._facts_from] or list(BACKEND_FACTS)
+        facts = next((f for f in known if f["model"] == "target"), known[0] if known else None)
         if facts is not None:
             sg["server_args"] = facts["server_args"]
             sg["env"] = facts["env"]
             sg["parallel"] = facts["parallel"]
-        elif not bes:
-            sg["server_args_source"] = "no backend constructed yet"
+        else:
+            sg["server_args_source"] = "no backend constructed before the trace opened"
         seen = {f["feature"] for f in self._features}
-        for be in bes:
-            for f in (getattr(be, "_specscope_facts", None) or {}).get("features", []):
+        for bf in known:
+            for f in bf["features"]:
                 if f["feature"] not in seen:
                     seen.add(f["feature"])
                     self._features.append(f)
@@ -1166,7 +1166,6 @@ def _patch_backend(cls: type[Any]) -> None:
     def __init__(self: Any, model_runner: Any, *args: Any, **kwargs: Any) -> None:
         orig_init(self, model_runner, *args, **kwargs)
         self._specscope_model = "draft" if getattr(model_runner, "is_draft_worker", False) else "target"
-        _BACKENDS[:] = [r for r in _BACKENDS if r() is not None] + [weakref.ref(self)]
         _safely(lambda: _attach(self, model_runner), "attach")
 
     saved["__init__"] = cls.__dict__.get("__init__")
@@ -1272,8 +1271,11 @@ def _attach(be: Any, model_runner: Any) -> None:
     env = _spec_env(getattr(mod, "envs", None))
     version = module_version(mod) if mod is not None else _installed_sglang_version()
     feats = _features(be, sa, env, _facts(version))
-    be._specscope_facts = {"server_args": sa, "env": env, "parallel": parallel_facts(model_runner),
-                           "features": feats}
+    be._specscope_facts = {"model": be._specscope_model, "server_args": sa, "env": env,
+                           "parallel": parallel_facts(model_runner), "features": feats}
+    _FACTS_SEQ[0] += 1
+    be._specscope_facts["seq"] = _FACTS_SEQ[0]
+    BACKEND_FACTS[:] = [*BACKEND_FACTS[-63:], be._specscope_facts]  # a server builds a handful; stay bounded
     for tr in _ACTIVE:  # a backend built after the trace opened (SGLang builds the draft's after the target's)
         if tr._writer is not None:
             for f in feats:

@@ -145,8 +145,7 @@ def _open_tracer() -> Any:
     if template is None:  # boot() instruments SGLang only with it set
         raise KeyError(ENV)
     overwrite = user_env.get(user_env.TRACE_OVERWRITE) == "1"
-    backends = [be for r in ss._BACKENDS if (be := r()) is not None]
-    facts = next((f for be in backends if (f := getattr(be, "_specscope_facts", None)) is not None), None)
+    facts = ss.BACKEND_FACTS[0] if ss.BACKEND_FACTS else None  # the first backend this process built
     parallel = facts["parallel"] if facts is not None else ss.parallel_facts(None)
     path = trace_path(template, parallel=parallel)
     lock = PathLock(path)

@@ -4,6 +4,7 @@ seed bug caught in the seed's own code (0.5.12 vs 0.5.13)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -227,3 +228,207 @@ def test_hook_bad_directory_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Ca
     assert cli_main(["sglang-hook", "install", "--site-packages", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specscope: error:") and err.count("\n") == 1
+
+
+# ---- every release: what a release lacks is absent, graph replays from 0.5.15 carry no metadata -------------------
+RELEASES = ROOT / ".sglang"  # .ci/sglang-installs.sh unpacks every release wheel there
+# The releases where what the recorder sees changes: max_seq_len_k dropped (0.5.14), graph metadata computed
+# inside the graph (0.5.15), ragged verify (0.5.16), the unified pool (0.5.19), the newest (0.5.23).
+BOUNDARIES = ("0.5.14", "0.5.15", "0.5.16", "0.5.19", "0.5.23")
+
+
+def _release(version: str):  # noqa: ANN202
+    where = RELEASES / version
+    if not (where / "sglang" / TMB_PATH).is_file():
+        pytest.skip(f"sglang {version} not unpacked at {where} (.ci/sglang-installs.sh)")
+    try:
+        return load_upstream(where)
+    except Exception as e:  # noqa: BLE001 - a loader that does not handle this release yet
+        pytest.skip(f"the loader does not load sglang {version}: {type(e).__name__}: {e}")
+
+
+def _meta(path: Path) -> dict[str, str]:
+    with TraceReader(path) as r:
+        return r.meta()
+
+
+@pytest.mark.parametrize("version", BOUNDARIES)
+def test_every_release_records_what_its_backend_gives(tmp_path: Path, version: str) -> None:
+    """Upstream's own backend of each boundary release, driven and recorded: eager steps and captures hold the
+    metadata after the full init (captures after init_forward_metadata_in_graph from 0.5.15), max_seq_len_k is
+    absent from 0.5.14 and the run config says why, replays from 0.5.15 are steps without metadata (header,
+    requests, spans) under not_recorded.replay_metadata, and the catalogue finds no error; no recording problem."""
+    from specscope.integrations.sglang_versions import facts_for
+
+    up = _release(version)
+    f = facts_for(version)
+    drive(up, tmp_path / "t.db", K=4, T=2, plan_stream=f.has_fixup_hook)
+    steps, vs = _read(tmp_path / "t.db")
+    with TraceReader(tmp_path / "t.db") as r:
+        config = r.run.config
+    assert "recording_problems" not in _meta(tmp_path / "t.db")
+    nr = config.get("not_recorded", {})
+    assert ("max_seq_len_k" in nr.get("fields", {})) == (not f.has_max_seq_len_k)
+    assert (nr.get("replay_metadata") == ss.REPLAY_METADATA_IN_GRAPH) == f.graph_metadata_in_graph
+    assert config["sglang"]["version"] == version and config["sglang"]["tested"]
+    assert config["sglang"]["backend_file"] == str(up.module.__file__)
+    for s in steps:
+        names = {a.name for a in s.arrays}
+        assert ("max_seq_len_k" in s.scalars) == (f.has_max_seq_len_k and bool(names))
+        if s.graph == GraphPhase.REPLAY and f.graph_metadata_in_graph:
+            assert names == set() and set(s.scalars) <= {"acceptance_recorded", "plan_stream", "fixup_hook_ok"}
+            assert s.requests and s.spans
+        else:
+            assert {"cache_seqlens", "cu_seqlens_k", "page_table", "req_to_token_page_starts"} <= names, s.index
+            cs, pt = s.array("cache_seqlens").values, s.array("page_table").values
+            assert int(cs.min()) > 0  # after the in-graph kernel: a capture recorded before it holds zeros
+            assert pt.shape[1] == -(-int(cs.max()) // s.page_size)  # cropped to the pages the kernels read
+    verify = [s for s in steps if s.mode == ForwardMode.TARGET_VERIFY and s.graph == GraphPhase.REPLAY]
+    assert verify and all(r.accept_length >= 1 and len(r.draft_tokens) == 1 for s in verify for r in s.requests)
+    assert _errors(vs) == []
+    assert cli_main(["check", str(tmp_path / "t.db")]) == 0
+
+
+def test_recording_at_out_graph_would_mislead_on_0_5_23(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why replays carry no metadata from 0.5.15: snapshotting 0.5.23's graphs where 0.5.13 computed their metadata
+    (out_graph's return) records the previous replay's values and unfilled captures, which the catalogue reads as
+    errors (measured: 303 errors of 13 invariants for this drive); the recorder as it is finds none."""
+    up = _release("0.5.23")
+    drive(up, tmp_path / "ok.db", K=4, T=2)
+    assert _errors(_read(tmp_path / "ok.db")[1]) == []
+    monkeypatch.setattr(ss.SglangTracer, "_in_graph", lambda self: False)
+    drive(_release("0.5.23"), tmp_path / "early.db", K=4, T=2)
+    early = _errors(_read(tmp_path / "early.db")[1])
+    assert len(early) > 100 and {"I5", "I17"} <= {v.check_id for v in early}
+
+
+def test_a_newer_release_is_marked_untested(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A release newer than the newest tested one attaches and records what it can; its run info and `info` say
+    "untested SGLang X"."""
+    import dataclasses
+
+    up = load_upstream()
+    drive(dataclasses.replace(up, version="0.5.99"), tmp_path / "t.db", K=3, T=3, iterations=2)
+    with TraceReader(tmp_path / "t.db") as r:
+        sg = r.run.config["sglang"]
+        n = len(list(r.steps()))
+    assert sg["tested"] is False and sg["untested"] == "untested SGLang 0.5.99" and n > 10
+    capsys.readouterr()
+    assert cli_main(["info", "--no-check", str(tmp_path / "t.db")]) == 0
+    assert "sglang   0.5.99 (untested SGLang 0.5.99)" in capsys.readouterr().out
+
+
+# ---- provenance and features specscope does not model ----------------------------------------------------------
+class _Env:
+    """What SGLang's `envs.X` is: `.get()` and `.is_set()`."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def get(self) -> object:
+        return self.value
+
+    def is_set(self) -> bool:
+        return True
+
+
+def test_provenance_and_unmodelled_features_are_in_the_run_info(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Built by upstream's constructor from a server's args (FP8 KV cache, topk 2, context parallel) and with SGLang's
+    spec-decoding variables set: the run info holds the version, the backend's file, those args, the variables and
+    the features the model leaves out, with what showed each; `info` prints them (text and --json)."""
+    from specscope.integrations.sglang_loader import make_model_runner
+
+    up = load_upstream()
+    up.module.envs.SGLANG_ENABLE_OVERLAP_PLAN_STREAM = _Env(True)
+    mr = make_model_runner(req_to_token=torch.zeros(5, 64, dtype=torch.int32), page_size=16, context_len=64,
+                           num_draft_tokens=4, topk=2, kv_cache_dtype=torch.float8_e4m3fn)
+    mr.server_args.__dict__.update(attention_backend="trtllm_mha", speculative_algorithm="EAGLE", page_size=16,
+                                   attn_cp_size=2, kv_cache_dtype="fp8_e4m3", cuda_graph_bs=[1, 2, 4],
+                                   disable_cuda_graph=False, speculative_attention_mode="prefill")
+    tracer = ss.SglangTracer(tmp_path / "t.db", sglang_version=up.version)
+    ss.instrument(up.module, tracer)
+    try:
+        up.backend_cls(mr)
+        tracer.close()
+    finally:
+        ss.uninstrument(up.module)
+    with TraceReader(tmp_path / "t.db") as r:
+        sg = r.run.config["sglang"]
+        meta = r.meta()
+    assert sg["version"] == "0.5.13" and sg["backend_file"] == up.module.__file__
+    assert sg["server_args"]["attention_backend"] == "trtllm_mha" and sg["server_args"]["cuda_graph_bs"] == [1, 2, 4]
+    assert sg["server_args"]["speculative_eagle_topk"] == 2
+    assert sg["env"]["SGLANG_ENABLE_OVERLAP_PLAN_STREAM"] is True
+    assert sg["parallel"]["tp_rank"] == 0 and sg["gpu"]["name"] == "cpu"
+    feats = {f["feature"]: f["source"] for f in sg["unmodelled"]}
+    assert feats == {"topk > 1": "backend.topk", "CP": "server args attn_cp_size=2",
+                     "FP8 KV": "backend.data_type=float8_e4m3fn"}
+    # Nothing was prepared: the trace exists anyway and says why it is empty.
+    assert json.loads(meta["recording_problems"])[0]["what"] == "nothing recorded"
+    capsys.readouterr()
+    assert cli_main(["info", "--no-check", str(tmp_path / "t.db")]) == 0
+    out = capsys.readouterr().out
+    assert "sglang   0.5.13 (tested)" in out and "server   " in out and "attn_cp_size=2" in out
+    assert "env      SGLANG_ENABLE_OVERLAP_PLAN_STREAM=True" in out
+    assert "unmodelled FP8 KV:" in out and "unmodelled topk > 1:" in out and "problem  nothing recorded: 1x" in out
+    assert "config   " in out and "sglang=" not in out  # the section replaces the raw dict in the config line
+    assert cli_main(["info", "--json", "--no-check", str(tmp_path / "t.db")]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["sglang"]["unmodelled"] == sg["unmodelled"] and d["recording_problems"][0]["count"] == 1
+
+
+def test_ragged_verify_is_named_on_releases_that_have_it(tmp_path: Path) -> None:
+    """SGLANG_RAGGED_VERIFY_MODE as SGLang reads it (its envs): named from 0.5.16, where it exists; the drive still
+    records (the stand-in batches carry no ragged layout, so the backend runs its static path)."""
+    up = _release("0.5.23")
+    up.module.envs.SGLANG_RAGGED_VERIFY_MODE = _Env("compact")
+    drive(up, tmp_path / "t.db", K=3, T=3, iterations=2)
+    with TraceReader(tmp_path / "t.db") as r:
+        sg = r.run.config["sglang"]
+    assert sg["env"]["SGLANG_RAGGED_VERIFY_MODE"] == "compact"
+    assert [f["source"] for f in sg["unmodelled"]] == ["SGLANG_RAGGED_VERIFY_MODE=compact"]
+
+
+def test_unified_pool_and_swa_are_detected_from_the_backend_object() -> None:
+    """The attach-time reading of a backend object: the unified pool's translator and an SWA pool (which the CPU
+    loader cannot build) are named with where they were seen; a static bf16 topk-1 backend names nothing."""
+    from types import SimpleNamespace
+
+    plain = SimpleNamespace(topk=1, data_type=torch.bfloat16, kv_index_translator=SimpleNamespace(is_translating=False),
+                            _swa_kv_pool=None, use_sliding_window_kv_pool=False)
+    assert ss._features(plain, {}, {}, None) == []
+    both = SimpleNamespace(topk=1, data_type=torch.bfloat16, kv_index_translator=SimpleNamespace(is_translating=True),
+                           _swa_kv_pool=object(), is_xqa_impl=True)
+    got = {f["feature"]: f["source"] for f in ss._features(both, {}, {"SGLANG_RAGGED_VERIFY_MODE": "compact"}, None)}
+    assert got == {"unified KV pool": "backend.kv_index_translator", "SWA": "backend SWA KV pool",
+                   "ragged verify": "SGLANG_RAGGED_VERIFY_MODE=compact"}
+
+
+# ---- a failed recording is visible ---------------------------------------------------------------------------
+def test_a_failing_recorder_says_why_in_the_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    """An error in the recorder's own code: SGLang's calls all return as before (the drive ends normally), the
+    failed steps are missing, and meta.recording_problems holds one entry (what, first step, count, detail with
+    where in specscope it raised); `info` shows it. With SPECSCOPE_DEBUG=1 the error reaches the caller."""
+    def broken(self, md) -> None:  # noqa: ANN001
+        raise AttributeError("'TRTLLMMHAMetadata' object has no attribute 'something_new'")
+
+    monkeypatch.setattr(ss.SglangTracer, "_step_features", broken)
+    up = load_upstream()
+    drive(up, tmp_path / "t.db", K=3, T=3, iterations=2)
+    steps, _ = _read(tmp_path / "t.db")
+    problems = json.loads(_meta(tmp_path / "t.db")["recording_problems"])
+    assert len(problems) == 2  # one per prep method that failed: out_graph (graphs) and init_forward_metadata
+    p = {x["what"]: x for x in problems}
+    graph = p["init_forward_metadata_out_graph: AttributeError"]
+    eager = p["init_forward_metadata: AttributeError"]
+    assert graph["first_step"] == 0 and graph["count"] > 10 and eager["count"] >= 1
+    assert "something_new" in graph["detail"] and "in broken)" in graph["detail"]
+    assert all(s.graph != GraphPhase.CAPTURE for s in steps)  # the failed steps are missing, not made up
+    capsys.readouterr()
+    assert cli_main(["info", "--no-check", str(tmp_path / "t.db")]) == 0
+    assert f"problem  init_forward_metadata_out_graph: AttributeError: {graph['count']}x, first at step 0" in \
+        capsys.readouterr().out
+    monkeypatch.setenv("SPECSCOPE_DEBUG", "1")
+    with pytest.raises(AttributeError, match="something_new"):
+        drive(load_upstream(), tmp_path / "debug.db", K=3, T=3, iterations=1)
