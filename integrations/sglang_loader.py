@@ -532,7 +532,7 @@ def _backend_stand_ins(prefix: str, h: _Helpers, base: types.ModuleType, ctx: _R
                        kernels: bool) -> dict[str, Any]:
     """What trtllm_mha_backend.py imports besides the base module's names, every release's at once."""
     access = h.enums.get("KVCacheAttentionAccessKind")
-    plain = access.PLAIN if access is not None else "plain"
+    plain: Any = getattr(access, "PLAIN") if access is not None else "plain"  # noqa: B009 - an enum executed from the wheel
     fib, fib_multi = _make_flashinfer_parents(base.AttentionBackend, ctx, plain)
 
     class _SWA:
