@@ -921,9 +921,9 @@ class SglangTracer:
             # The pages the kernels read: ceil(cache_seqlens / P) for every row the metadata holds.
             cs = host["cache_seqlens"]
             width = -(-int(cs.max()) // p.step_kw["page_size"]) if cs.size else 0
-            for n in ("page_table", "req_to_token_page_starts"):
-                if n in host and host[n].ndim == 2:
-                    host[n] = host[n][:, : max(width, 0)]
+            for name in ("page_table", "req_to_token_page_starts"):
+                if name in host and host[name].ndim == 2:
+                    host[name] = host[name][:, : max(width, 0)]
         arrays = tuple(ArraySnapshot(n, dt, sh, ptr, np.ascontiguousarray(host[n]))
                        for n, _h, dt, sh, ptr in p.arrays if n not in p.hidden)
         spans = []
