@@ -21,7 +21,7 @@ from checkgen import (  # noqa: E402
     set_request,
     verify_replay,
 )
-from specscope.tracer.checks import COLLAPSE_VERIFIES  # noqa: E402
+from specscope.tracer.checks import BONUS_ONLY_VERIFIES, COLLAPSE_VERIFIES  # noqa: E402
 from specscope.tracer.schema import ForwardMode, GraphPhase, RequestState, Step  # noqa: E402
 
 
@@ -151,15 +151,20 @@ def _verifies(n: int, drafts: tuple[int, ...], bonus_only: bool) -> list[Step]:
     return out
 
 
-@pytest.mark.parametrize("drafts,bonus_only,array", [((3, 5, 8), True, "accept_length"),
-                                                      ((5, 5, 5), False, "draft_tokens")])
-def test_i35_acceptance_collapse_warning(tmp_path, base, drafts, bonus_only, array) -> None:
+@pytest.mark.parametrize("drafts,bonus_only,window,array", [((5, 5, 5), True, COLLAPSE_VERIFIES, "draft_tokens"),
+                                                             ((3, 5, 8), True, BONUS_ONLY_VERIFIES, "accept_length")])
+def test_i35_acceptance_collapse_warning(tmp_path, base, drafts, bonus_only, window, array) -> None:
     run, _ = base
-    short = check(str(tmp_path / "short.db"), run, _verifies(COLLAPSE_VERIFIES - 1, drafts, bonus_only))
+    short = check(str(tmp_path / "short.db"), run, _verifies(window - 1, drafts, bonus_only))
     assert short == []
-    vs = check(str(tmp_path / "long.db"), run, _verifies(COLLAPSE_VERIFIES + 3, drafts, bonus_only))
+    vs = check(str(tmp_path / "long.db"), run, _verifies(window + 3, drafts, bonus_only))
     assert [(v.check_id, v.severity.value, v.step, v.array) for v in vs] == [
-        ("I35", "warning", COLLAPSE_VERIFIES - 1, array)]  # once per stretch
+        ("I35", "warning", window - 1, array)]  # once per stretch
+
+
+def test_i35_repeated_text_the_target_accepts_is_legal(tmp_path, base) -> None:
+    run, _ = base
+    assert check(str(tmp_path / "rep.db"), run, _verifies(BONUS_ONLY_VERIFIES + 3, (5, 5, 5), False)) == []
 
 
 def test_i18_padded_verify_rows_spanning_two_pages_are_fine(tmp_path) -> None:
