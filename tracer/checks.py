@@ -426,9 +426,9 @@ def _check_values(c: _Ctx) -> None:
             c.v("I4", f"cu_seqlens_k[{j}] = {int(cuk[j])}, prefix sum of cache_seqlens gives {int(want[j])}",
                 array="cu_seqlens_k", col=j, found=int(cuk[j]), expected=int(want[j]),
                 related=[cell("cache_seqlens", j - 1, None, int(cs[j - 1]))] if j else [])
-    want = c.want_lens()
-    for b, r in enumerate(s.requests) if cs[: len(want)].tolist() != want else ():
-        e = want[b]
+    want_rows = c.want_lens()
+    for b, r in enumerate(s.requests) if cs[: len(want_rows)].tolist() != want_rows else ():
+        e = want_rows[b]
         if int(cs[b]) != e:
             c.v("I5", f"cache_seqlens = {int(cs[b])}, {s.mode.value} formula gives {e} "
                       f"(S = {r.seq_len_before}, T = {s.tokens_per_request})", r.request_id,
@@ -875,8 +875,8 @@ def _check_identity(c: _Ctx) -> None:
     if rpi is not None and rpi.ndim == 1:
         slots = [r.slot for r in s.requests]
         want = np.array(slots, dtype=np.int64)
-        bad = np.nonzero(rpi[:live].astype(np.int64) != want)[0] if rpi[:live].tolist() != slots else ()
-        if len(bad):
+        bad = np.nonzero(rpi[:live].astype(np.int64) != want)[0] if rpi[:live].tolist() != slots else np.zeros(0, int)
+        if bad.size:
             b = int(bad[0])
             c.v("I39", f"req_pool_indices[{b}] = {int(rpi[b])} but request row {b} is in slot {int(want[b])}: the "
                        "kernels read another request's req_to_token row", s.requests[b].request_id,
@@ -887,8 +887,8 @@ def _check_identity(c: _Ctx) -> None:
         off = _seq_lens_offset(s)
         lens = [x - off for x in c.want_lens()]
         want = np.array(lens, dtype=np.int64)
-        bad = np.nonzero(seq[:live].astype(np.int64) != want)[0] if seq[:live].tolist() != lens else ()
-        if len(bad):
+        bad = np.nonzero(seq[:live].astype(np.int64) != want)[0] if seq[:live].tolist() != lens else np.zeros(0, int)
+        if bad.size:
             b = int(bad[0])
             r = s.requests[b]
             c.v("I39", f"seq_lens[{b}] = {int(seq[b])} but request row {b} gives {int(want[b])} for {s.mode.value} "

@@ -125,7 +125,8 @@ def test_n_and_shift_n_walk_the_violations(browser: object, fault_url: str) -> N
         for k in range(here):
             p.keyboard.press("n")  # type: ignore[attr-defined]
             p.wait_for_url(re.compile(rf"/step/{a}\?v={k}&"))  # type: ignore[attr-defined]
-            p.wait_for_function(f"() => document.querySelectorAll('#step-violations li')[{k}]?.classList.contains('cur')")  # type: ignore[attr-defined]
+            cur = f"() => document.querySelectorAll('#step-violations li')[{k}]?.classList.contains('cur')"
+            p.wait_for_function(cur)  # type: ignore[attr-defined]
         p.keyboard.press("n")  # type: ignore[attr-defined]  # past the step's last: the next step's first
         p.wait_for_url(re.compile(rf"/step/{b}\?v=0&"))  # type: ignore[attr-defined]
         p.wait_for_function(f"() => document.querySelector('#step-pos')?.innerText.startsWith('step {b} ')")  # type: ignore[attr-defined]

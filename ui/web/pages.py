@@ -302,7 +302,7 @@ def current_violation(found: Sequence[Violation], params: dict[str, int | str]) 
         hits = [k for k, v in enumerate(found) if v.check_id == params["check"]]
         exact = [k for k in hits if ("row" not in params or found[k].row == params["row"])
                  and ("col" not in params or found[k].col == params["col"])]
-        return (exact or hits or [None])[0]
+        return (exact or hits)[0] if hits else None
     return None
 
 
