@@ -33,7 +33,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               description="Check every step of a trace against the invariants whose violations "
                                           "caused real bugs. Exit 0 clean, 1 on any error, 2 if unreadable.")
     p.add_argument("trace", metavar="TRACE", nargs="?", help="the trace (not needed with --list)")
-    p.add_argument("--json", action="store_true", help="print violations (or, with --list, the catalogue) as JSON")
+    p.add_argument("--json", action="store_true",
+                   help='print JSON: {"violations": [...], "not_recorded": [{"check", "reason", "steps"}]} (with '
+                        "--list, the catalogue)")
     p.add_argument("--list", action="store_true", help="print the invariant catalogue and exit")
     p.add_argument("--max-per-check", **integer(lo=0), default=5, metavar="N",
                    help="examples shown per invariant (default 5; 0 shows counts only)")
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         num_steps = reader.num_steps()
         found.sort(key=violation_order)  # stable: one step's rows of one invariant keep the checker's order
         faults = fault_lines(reader.fault_report(), found)
+        not_recorded = checker.not_recorded()
     if args.write:
         store.append_violations(args.trace, found, source="check", replace=True)
         store.mark_checked(args.trace, last)
@@ -123,16 +126,20 @@ def run(args: argparse.Namespace) -> int:
                  "expected": v.expected} for v in found]
         for line in faults:
             print(line, file=sys.stderr)
-        return _emit(json.dumps(rows, indent=1) + "\n", code)
+        unchecked = [{"check": cid, "reason": why, "steps": n} for cid, why, n in not_recorded]
+        return _emit(json.dumps({"violations": rows, "not_recorded": unchecked}, indent=1) + "\n", code)
     out = []
+    groups: dict[str, list] = {}
+    for v in found:
+        groups.setdefault(v.check_id, []).append(v)
     if not found:
         out.append(f"{args.trace}: {num_steps} steps, {len(CATALOGUE)} invariants, no violations")
     else:
-        groups: dict[str, list] = {}
-        for v in found:
-            groups.setdefault(v.check_id, []).append(v)
         out.append(f"{args.trace}: {num_steps} steps, {len(found)} violations of {len(groups)} invariants "
                    f"({errors} errors)")
+    # What could not be judged: "no violations" says nothing about an invariant whose facts were never recorded.
+    out += [f"{cid} not recorded by this backend ({why}) on {n} steps" for cid, why, n in not_recorded]
+    if found:
         # Groups in the order of their first violation (`found` is sorted by violation_order).
         for cid, vs in groups.items():
             inv = BY_ID.get(cid)

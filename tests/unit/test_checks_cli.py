@@ -1,5 +1,5 @@
 """`specscope check` as a user runs it: --write into the trace, --list without a trace (text and JSON), bad
---max-per-check, and an exit status that survives a reader closing the pipe."""
+--max-per-check, an exit status that survives a reader closing the pipe, and what a backend did not record."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import pytest
 
 pytest.importorskip("torch")
 
+import dataclasses  # noqa: E402
+
 from checkgen import base_run, find, replace_step, roundtrip, set_cells, verify_replay  # noqa: E402
-from specscope.tracer.checks import CATALOGUE  # noqa: E402
+from specscope.tracer.checks import CATALOGUE, Checker  # noqa: E402
+from specscope.tracer.schema import GraphPhase  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402
 
 
@@ -67,7 +70,56 @@ def test_exit_status_survives_a_closed_pipe(tmp_path) -> None:
     assert len(_cli("check", "--json", path).stdout) > 1 << 17  # twice a 64 KiB pipe
     proc = subprocess.Popen([sys.executable, "-m", "specscope.ui.cli", "check", "--json", path],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout.readline().strip() == b"["
+    assert proc.stdout.readline().strip() == b"{"
     proc.stdout.close()  # the reader goes away before the rest is written
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and b"Traceback" not in err and b"BrokenPipe" not in err
+
+
+def _absent_trace(path: str) -> tuple[str, int, int]:
+    """A real run as SGLang 0.5.15+ records it: no max_seq_len_k, graph replays without metadata, and one wrong
+    seq_lens_cpu cell in an eager step. Returns (path, steps, replays)."""
+    run, steps = base_run()
+    nr = {"fields": {"max_seq_len_k": "no such field in this release"},
+          "replay_metadata": "computed inside the graph (SGLang 0.5.15+)"}
+    run = dataclasses.replace(run, config={**run.config, "not_recorded": nr})
+    out = [dataclasses.replace(s, arrays=(), scalars={}) if s.graph == GraphPhase.REPLAY else
+           dataclasses.replace(s, scalars={k: v for k, v in s.scalars.items() if k != "max_seq_len_k"}) for s in steps]
+    i = find(tuple(out), lambda s: s.graph == GraphPhase.EAGER and s.array("seq_lens_cpu") is not None)
+    out[i] = set_cells(out[i], "seq_lens_cpu", lambda v: v.__setitem__(0, v[0] + 1))
+    roundtrip(path, run, out)
+    return path, len(steps), sum(s.graph == GraphPhase.REPLAY for s in steps)
+
+
+def test_check_says_what_it_could_not_check(tmp_path) -> None:
+    path, n, replays = _absent_trace(str(tmp_path / "absent.db"))
+    with TraceReader(path) as r:
+        checker = Checker.for_trace(r)
+        for s in r.steps():
+            checker.feed(s)
+    want = checker.not_recorded()
+    assert ("I9", "max_seq_len_k: no such field in this release", n) in want
+    assert ("I10", "replay metadata: computed inside the graph (SGLang 0.5.15+)", replays) in want
+
+    text = _cli("check", path)
+    lines = text.stdout.splitlines()
+    assert text.returncode == 1 and lines[0].startswith(f"{path}: {n} steps, 1 violations of 1 invariants")
+    assert lines[1: 1 + len(want)] == [f"{cid} not recorded by this backend ({why}) on {k} steps"
+                                       for cid, why, k in want]
+    assert "I9 not recorded by this backend (max_seq_len_k: no such field in this release) on " \
+           f"{n} steps" in lines
+    assert any(line.startswith("I34 [error]") for line in lines)  # the verdicts follow
+
+    res = _cli("check", path, "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 1 and [v["id"] for v in doc["violations"]] == ["I34"]
+    assert doc["not_recorded"] == [{"check": cid, "reason": why, "steps": k} for cid, why, k in want]
+
+
+def test_a_trace_that_records_everything_has_nothing_unchecked(tmp_path) -> None:
+    run, steps = base_run()
+    path = str(tmp_path / "clean.db")
+    roundtrip(path, run, steps)
+    text = _cli("check", path)
+    assert text.returncode == 0 and "not recorded" not in text.stdout
+    assert json.loads(_cli("check", path, "--json").stdout) == {"violations": [], "not_recorded": []}

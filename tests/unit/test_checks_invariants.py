@@ -224,7 +224,7 @@ def test_check_cli_survives_inconsistent_arrays(tmp_path, base) -> None:
     res = subprocess.run([sys.executable, "-m", "specscope.ui.cli", "check", path, "--json"], capture_output=True,
                          text=True, timeout=120, env={**os.environ, "SPECSCOPE_DEBUG": "1"})
     assert res.returncode == 1, res.stderr
-    assert "I2" in {v["id"] for v in json.loads(res.stdout)} and "Traceback" not in res.stderr
+    assert "I2" in {v["id"] for v in json.loads(res.stdout)["violations"]} and "Traceback" not in res.stderr
 
 
 def test_a_v1_trace_is_judged_by_its_values_too() -> None:
