@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from specscope.tracer.checks import check_steps
 from specscope.tracer.process_writer import ProcessTraceWriter
-from specscope.tracer.schema import EndState
+from specscope.tracer.schema import SCHEMA_VERSION, EndState
 from specscope.tracer.store import TraceReader, TraceWriter
 from stepgen import child_env, make_run, make_step
 
@@ -128,7 +128,7 @@ def test_ctrl_c_says_interrupted_at_the_last_committed_step(tmp_path: Path) -> N
     assert (end["state"], end["step"], end["detail"]) == ("interrupted", n - 1, "SIGINT")
     assert isinstance(end["lost_in_flight"], int) and 0 <= end["lost_in_flight"] <= 16
     assert end["label"] == f"interrupted (SIGINT) at step {n - 1}"
-    assert f"(schema 2.0, interrupted (SIGINT) at step {n - 1})" in _info_text(path).splitlines()[0]
+    assert f"(schema {SCHEMA_VERSION}, interrupted (SIGINT) at step {n - 1})" in _info_text(path).splitlines()[0]
     # A bug report cut from it says how the run it came from ended.
     zp = str(tmp_path / "sigint.zip")
     out = subprocess.run([*CLI, "export", path, "--bundle", zp, "--steps", "10:20"], capture_output=True, text=True,
