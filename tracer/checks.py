@@ -462,10 +462,13 @@ def _check_verify_and_extend(c: _Ctx) -> None:
         q, mq = s.scalars.get("kernel_q_len"), s.scalars.get("max_seq_len_q")
         if q is not None and q != T:
             c.v("I6", f"kernel q_len_per_req = {q} but T = {T} tokens per request (backend K = "
-                      f"{s.scalars.get('backend_num_draft_tokens')}): tokens regrouped, causal window off by {q - T}",
-                array="kernel_q_len", found=q, expected=T)
+                      f"{s.scalars.get('backend_num_draft_tokens')}; max_seq_len_q = {mq}): tokens regrouped, "
+                      f"causal window off by {q - T}",
+                array="kernel_q_len", found=q, expected=T,
+                related=[cell("max_seq_len_q", value=mq)] if mq is not None else [])
         elif mq is not None and mq != T:
-            c.v("I6", f"max_seq_len_q = {mq} but T = {T}", array="max_seq_len_q", found=mq, expected=T)
+            c.v("I6", f"max_seq_len_q = {mq} but T = {T} (the kernel ran q_len_per_req = {q})", array="max_seq_len_q",
+                found=mq, expected=T, related=[cell("kernel_q_len", value=q)] if q is not None else [])
         if cuq is not None and s.batch_size and cuq.shape[0] > 1 and int(cuq[1]) != T:
             c.v("I7", f"cu_seqlens_q stride {int(cuq[1])} != T = {T} (not read by the decode kernel)",
                 array="cu_seqlens_q", col=1, found=int(cuq[1]), expected=T)
@@ -1044,6 +1047,18 @@ class _GraphState:
                             related=[cell(key_name, value=val, step=cap.index)])
 
 
+def _stale_cells(c: _Ctx, b: int) -> int:
+    """Cells of live row b the page-table grid marks stale (ui/views.py): read, inside the KV pool, and not the
+    page req_to_token gives."""
+    pt, starts = c.arr("page_table"), c.arr(_R2T)
+    assert pt is not None and starts is not None, "I19 judges only steps that record both"
+    n = min(_reads(c, b), starts.shape[1])
+    row, want = pt[b, :n].astype(np.int64), starts[b, :n].astype(np.int64) // c.step.page_size
+    npages = c.step.scalars.get("num_kv_pages")
+    inside = (row >= 0) & (row < npages) if npages is not None else np.ones(n, dtype=bool)
+    return int(np.count_nonzero((row != want) & inside))
+
+
 class _PageBuffers:
     """I19: the last recorded contents of each graph page-table buffer, keyed by (model, data_ptr)."""
 
@@ -1067,9 +1082,11 @@ class _PageBuffers:
                 stale = np.nonzero((pt[b, :n] != want) & (held[b, :n] == pt[b, :n]))[0]
                 if stale.size:
                     j = int(stale[0])
+                    marked = _stale_cells(c, b)
                     c.v("I19", f"page_table[{b}, {j}] = {int(pt[b, j])} is what the graph's buffer held at step "
-                               f"{since}, but req_to_token gives page {int(want[j])} ({stale.size} stale cells in "
-                               "this row): replay prep did not refresh it", r.request_id, array="page_table", row=b,
+                               f"{since}, but req_to_token gives page {int(want[j])} ({marked} stale cells in "
+                               f"this row, {stale.size} of them left over from step {since}): replay prep did not "
+                               "refresh it", r.request_id, array="page_table", row=b,
                         col=j, found=int(pt[b, j]), expected=int(want[j]),
                         related=[cell(_R2T, b, j, int(starts[b, j])), cell("page_table", b, j, int(held[b, j]), since)])
         rows = max(pt.shape[0], prev[0].shape[0] if prev else 0)

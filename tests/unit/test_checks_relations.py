@@ -362,3 +362,39 @@ def test_replays_without_metadata_are_not_recorded_and_their_request_rows_still_
     b = next(k for k, r in enumerate(bare[i].requests) if r.accept_length >= 1)
     vs, _ = _feed(str(tmp_path / "bad.db"), inside, replace_step(bare, i, set_request(bare[i], b, accept_length=0)))
     assert [(v.check_id, v.step, v.row) for v in vs] == [("I31", steps[i].index, b)]
+
+
+# ---- messages name the relation -----------------------------------------------------------------------------------
+
+def test_i6_names_max_seq_len_q_beside_the_kernel_query_length(tmp_path, base) -> None:
+    run, steps = base
+    i = _verify_with(steps, 2, 2)
+    s = steps[i]
+    T = s.tokens_per_request
+    bad = dataclasses.replace(s, scalars={**s.scalars, "kernel_q_len": T + 1})
+    vs = check(str(tmp_path / "bad.db"), run, replace_step(steps, i, bad))
+    hit = next(v for v in vs if v.check_id == "I6")
+    assert (hit.array, hit.found, hit.expected) == ("kernel_q_len", str(T + 1), str(T))
+    assert [(c.array, c.value) for c in hit.related] == [("max_seq_len_q", str(s.scalars["max_seq_len_q"]))]
+    assert f"max_seq_len_q = {s.scalars['max_seq_len_q']}" in hit.message
+
+
+def test_i19_counts_the_cells_the_page_table_grid_marks_stale() -> None:
+    import os
+    import re
+
+    from specscope.tracer.checks import check_steps
+    from specscope.tracer.store import TraceReader
+    from specscope.ui.views import CellKind, page_grid
+
+    here = os.path.join(os.path.dirname(__file__), "..", "data", "v1", "cpu-fault-stale-page-table.db")
+    with TraceReader(here) as r:
+        steps = {s.index: s for s in r.steps()}
+        vs = [v for v in check_steps(steps.values(), r.run, waits_recorded=False) if v.check_id == "I19"]
+    assert vs
+    for v in vs:
+        grid = page_grid(steps[v.step])
+        assert grid is not None and v.row is not None
+        marked = sum(c.kind == CellKind.STALE for c in grid.cells[v.row])
+        said = re.search(r"\((\d+) stale cells in this row, (\d+) of them left over", v.message)
+        assert said and int(said[1]) == marked >= int(said[2]) >= 1, v.message
