@@ -12,6 +12,7 @@ from specscope.tracer.checks import BY_ID
 from specscope.tracer.condition import ConditionError
 from specscope.tracer.query import StepFilter
 from specscope.tracer.schema import ForwardMode, Step, Violation
+from specscope.ui.recording_notes import RecordingNotes, replay_without_metadata
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -29,6 +30,7 @@ from .source import BLOCK, BackgroundLoader, TraceSource
 from .step_violations import StepViolations
 from .streams import Timeline
 from .widgets import (
+    NO_PAGE_TABLE,
     AcceptPanel,
     ChainPanel,
     DetailPanel,
@@ -115,6 +117,7 @@ class SpecscopeApp(App[int]):
     CSS = """
     Screen { layout: vertical; }
     #status { height: 1; background: $boost; color: $text; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    #notice { height: 1; background: $boost; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; display: none; }
     DetailPanel, ChainPanel, Timeline { text-wrap: nowrap; text-overflow: ellipsis; }
     #main { height: 1fr; }
     #left { width: 34; }
@@ -201,6 +204,7 @@ class SpecscopeApp(App[int]):
         self.collector = IdleCollector()
         self._settle: Any = None
         self.message = ""
+        self._notes_key: tuple[RecordingNotes, int] | None = None  # what the notice line shows, at which width
         if controller is not None:
             controller.attach(self)
 
@@ -214,6 +218,7 @@ class SpecscopeApp(App[int]):
         """Status line, three columns, footer."""
         src = self.source
         yield TextPane(id="status")
+        yield TextPane(id="notice")  # what the recording could not record; shown only when there is something
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield StepList(src, id="steps")
@@ -242,6 +247,8 @@ class SpecscopeApp(App[int]):
         self._timeline, self._chain = self.query_one(Timeline), self.query_one(ChainPanel)
         self._accept, self._violations = self.query_one(AcceptPanel), self.query_one(ViolationsPanel)
         self._statusbar = self.query_one("#status", TextPane)
+        self._notice = self.query_one("#notice", TextPane)
+        self._show_notes()
         self._stepviol = self.query_one(StepViolations)
         self._main_screen = self.screen
         self._layout_classes(self.size.width)
@@ -263,6 +270,8 @@ class SpecscopeApp(App[int]):
     def on_resize(self, event: Any) -> None:
         """Use a large terminal's space: the side column appears at 120 columns, wider panes at 170."""
         self._layout_classes(event.size.width)
+        if hasattr(self, "_notice"):
+            self._show_notes(event.size.width)
 
     def _layout_classes(self, width: int) -> None:
         scr = getattr(self, "_main_screen", self.screen)
@@ -302,14 +311,17 @@ class SpecscopeApp(App[int]):
         marks = StepMarks.of(viols, st, focus)
         self._show_violations(i, viols, marks)
         capture = src.capture_of(i) if st.graph.value == "replay" else None
+        notes = src.notes
         self._detail.show(st, s, capture, src.run.attention_kernel, max(len(viols), s.num_violations), marks,
-                          tk_flagged(viols))
+                          tk_flagged(viols), notes)
         row = None
         if cell is not None and cell.row is not None and (cell.array == "request" or cell.array not in (
                 "page_table", "cache_seqlens", "cu_seqlens_q", "cu_seqlens_k", "req_to_token_page_starts")):
             row = cell.row
         self._requests.show(st, src.byte_level, row, marks)
-        self._grid_w.show(src.grid(i), cell, marks)
+        no_md = replay_without_metadata(notes, st.graph.value, [a.name for a in st.arrays], list(st.scalars))
+        self._grid_w.show(src.grid(i), cell, marks, empty=f"not recorded ({notes.replay_reason()}): page table, "
+                          "cache_seqlens, cu_seqlens" if no_md else NO_PAGE_TABLE)
         if self.accel.streak > 0 and self.accel.key is not None:
             # A held key: the streams and side panes follow once it is released (Dolphie debounces its replay
             # keys the same way), so each repeat redraws only the step list, detail, requests and grid.
@@ -447,6 +459,19 @@ class SpecscopeApp(App[int]):
         t.append(f"  {src.display}", style="grey62")
         self._statusbar.update(t)
 
+    def _show_notes(self, width: int | None = None) -> None:
+        """The notice line under the status line: what the recording could not record, fitted to the terminal
+        (the help screen has the full text); hidden for a trace that records everything."""
+        notes = self.source.notes
+        w = max(20, (self.size.width if width is None else width) - 2)
+        key = (notes, w)
+        if key == self._notes_key:
+            return
+        self._notes_key = key
+        self._notice.display = bool(notes)
+        if notes:
+            self._notice.update(Lines(notes.headline(w), style="bold #ffaf00"))
+
     def notify_line(self, text: str) -> None:
         """A one-line message in the status bar, about the current step: it goes when the view moves to another."""
         self.message, self.message_step = text, self.current
@@ -467,6 +492,7 @@ class SpecscopeApp(App[int]):
         if self.follow or self.controller is not None:
             grew = src.refresh()
             if grew:
+                self._show_notes()
                 if self.controller is not None:  # no following loader in live mode: read how far verdicts reach
                     src.checked_through = src.reader.checked_through()
                 self._steps.sync_size()
@@ -685,7 +711,7 @@ class SpecscopeApp(App[int]):
         sections.append(("Panes (focused)", [("j / k", "rows of the focused pane (steps, requests, grid, "
                                                         "violations)"), ("h / l", "page grid: scroll pages"),
                                              ("Enter", "violations: jump to the step, highlight the cell")]))
-        self.push_screen(HelpScreen(sections))
+        self.push_screen(HelpScreen(sections, notes=self.source.notes.lines()))
 
     async def action_quit(self) -> None:
         """Quit; a live run is stopped first and its trace closed."""

@@ -219,9 +219,13 @@ class ChainLink:
     bonus: bool = False
 
 
-def draft_chain(draft: Sequence[int], accepted: Sequence[int]) -> list[ChainLink]:
-    """The chain of a verify row: drafted tokens marked accepted while they match, then the bonus token."""
+def draft_chain(draft: Sequence[int], accepted: Sequence[int], accept_length: int | None = None) -> list[ChainLink]:
+    """The chain of a verify row: drafted tokens marked accepted while they match, then the bonus token. A row
+    whose accepted tokens were not recorded (SGLang's backend sees the accept lengths, not the tokens) marks its
+    first `accept_length - 1` drafts accepted by count, and no bonus token is known."""
     out: list[ChainLink] = []
+    if not accepted and accept_length:
+        return [ChainLink(int(t), j < accept_length - 1) for j, t in enumerate(draft)]
     n_ok = max(0, len(accepted) - 1)  # accepted includes the bonus token
     for j, t in enumerate(draft):
         out.append(ChainLink(int(t), j < n_ok and int(accepted[j]) == int(t)))

@@ -62,13 +62,19 @@ class HelpScreen(ModalScreen[None]):
                                   background: $panel; padding: 0 1; }
     """
 
-    def __init__(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> None:
+    def __init__(self, sections: list[tuple[str, list[tuple[str, str]]]], notes: list[str] | None = None) -> None:
         super().__init__()
         self.sections = sections
+        self.notes = notes or []  # what the recording could not record, in full (the notice line's long form)
 
     def compose(self) -> ComposeResult:
         """The key table."""
         t = Text()
+        if self.notes:
+            t.append("What this trace could not record\n", style="bold #ffaf00")
+            for line in self.notes:
+                t.append(f"  {line}\n")
+            t.append("\n")
         t.append("specscope tui — keys (also in the Ctrl+P palette)\n", style="bold")
         for title, rows in self.sections:
             t.append(f"\n{title}\n", style="bold #87d7ff")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Final
 from specscope.tracer.query import StepFilter, StepIndex
 from specscope.tracer.schema import EndState, Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
+from specscope.ui.recording_notes import recording_notes
 from specscope.ui.views import is_byte_level
 
 from .model import Grid, classify, violation_key
@@ -113,6 +114,9 @@ class TraceSource:
         self._db = self.reader.path
         self.run = self.reader.run
         self.byte_level = is_byte_level(self.run)
+        # What the recording could not record (problems, untested release, absent fields, replays without
+        # metadata): the notice line, the help screen, and the detail and grid panes of the steps it concerns.
+        self.notes = recording_notes(self.reader.meta(), self.run.config)
         self.positions = StepIndex(self.reader)
         self._n = len(self.positions)
         self._blocks: OrderedDict[int, list[StepSummary]] = OrderedDict()
@@ -194,6 +198,8 @@ class TraceSource:
                 for b in [b for b in self._blocks if b >= last_block]:
                     del self._blocks[b]  # a partial block grew
             self._n = n
+            # A recorder writes its problems and late-found features as it goes: read them again with new steps.
+            self.notes = recording_notes(self.reader.meta(), self.run.config)
         return max(0, grew)
 
     def is_closed(self) -> bool:

@@ -10,6 +10,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from specscope.tracer.schema import ForwardMode, Step, StepSummary, Violation
+from specscope.ui.recording_notes import RecordingNotes, replay_without_metadata
 from specscope.ui.views import CellMark
 from textual import events
 from textual.binding import Binding
@@ -57,6 +58,7 @@ _S_ROW_CUR = Style(bgcolor="#23334a")
 _S_MARK = Style(color="#ff5f5f", bold=True, underline=True)
 _S_MARK_FOCUS = Style(color="black", bgcolor="#ffff5f", bold=True, underline=True)
 _S_MARK_TEXT = Style(color="#ff8787")
+_S_NOTE = Style(color="#ffaf00", italic=True)  # what the recording could not record
 _S_CELL_MARK = Style(underline=True, bold=True, reverse=True)
 
 
@@ -194,10 +196,13 @@ class DetailPanel(TextPane):
     BASE_HEIGHT = 6  # border and five lines; a step with marked fields takes a line per marked field more
 
     def show(self, st: Step, s: StepSummary, capture: int | None, kernel: str, nviol: int,
-             marks: StepMarks | None = None, tk: Sequence[str] = ()) -> None:
+             marks: StepMarks | None = None, tk: Sequence[str] = (), notes: RecordingNotes | None = None) -> None:
         """Draw the detail of one step: short lines that do not wrap (the ends are cut on narrow panes); a marked
-        field gets a line of its own, so its found vs expected is never cut."""
+        field gets a line of its own, so its found vs expected is never cut. `notes` (what the recording could not
+        record) turn a replay without metadata into "not recorded (why)" and a field the backend lacks into
+        "(absent in this backend)", not a "-" that reads like a lost value."""
         marks = marks or StepMarks()
+        notes = notes or RecordingNotes()
         t = Lines()
         mode = st.mode.value + (f" #{st.step_id}" if st.step_id is not None else "")
         t.append(f"step {st.index}", style="bold")
@@ -222,13 +227,13 @@ class DetailPanel(TextPane):
         if "captured_max_seq_len_q" in sc and st.graph.value == "replay":
             names.append(("captured_max_seq_len_q", "frozen q"))
         marked: list[tuple[str, str, list[CellMark]]] = []
-        plain: list[str] = []
+        plain: list[tuple[str, str]] = []  # (key, label) of the fields shown unmarked
         for key, label in names:
             got = marks.scalar(key)
             if got:
                 marked.append((label, str(sc.get(key, "-")), got))
             else:
-                plain.append(f"{label} {sc.get(key, '-')}")
+                plain.append((key, label))
         shown = {k for k, _ in names}
         for mk in marks.unplaced(shown):  # a scalar the line above does not list, or an array no pane draws
             if mk.row is None and mk.col is None and mk.array in sc:
@@ -237,7 +242,19 @@ class DetailPanel(TextPane):
             focus = any(marks.is_focus(mk) for mk in got)
             t.append(f"{symbol(got[0])} {label} {value}", style=_S_MARK_FOCUS if focus else _S_MARK)
             t.append("  " + "; ".join(f"{mk.check_id}: {mark_text(mk)}" for mk in got) + "\n", style=_S_MARK_TEXT)
-        t.append(" · ".join(plain) + "\n")
+        if replay_without_metadata(notes, st.graph.value, [a.name for a in st.arrays], list(sc)):
+            # The graph computed this replay's metadata where Python never sees it: there is nothing to show, and
+            # the capture's values would be stale.
+            t.append(f"not recorded ({notes.replay_reason()})", style=_S_NOTE)
+            t.append(": max_seq_len_q/k, page table, seqlens · header, requests, spans recorded\n", style="grey62")
+        else:
+            # A field the backend does not have is recorded absent, never made up: its own line says so (a "-"
+            # would read as a value lost), short enough for an 80-column terminal's pane.
+            absent = [label for key, label in plain if key not in sc and notes.is_absent(key)]
+            t.append(" · ".join(f"{label} {sc.get(key, '-')}" for key, label in plain if label not in absent) + "\n")
+            for label in absent:
+                t.append(f"{label} ")
+                t.append("(absent in this backend)\n", style=_S_NOTE)
         for mk in marks.unplaced(shown):
             if mk.row is None and mk.col is None and mk.array in sc:
                 continue
@@ -297,7 +314,7 @@ class RequestsTable(ScrollView, can_focus=True):
             draft: list[tuple[str, Style | None]] = []
             if r.draft_tokens:
                 # One run per stretch of accepted / rejected tokens (the accepted ones are a prefix).
-                for link in m.draft_chain(r.draft_tokens, r.accepted_tokens):
+                for link in m.draft_chain(r.draft_tokens, r.accepted_tokens, r.accept_length if verify else None):
                     if link.bonus:
                         continue
                     sty = _S_ACC if link.accepted else _S_REJ
@@ -419,6 +436,9 @@ def _tcell(text: str, style: Style | None = None) -> _TCell:
     return (((text, None),) if text else (), style, text_width(text))
 
 
+NO_PAGE_TABLE = "no page table in this step"
+
+
 class PageGrid(ScrollView, can_focus=True):
     """Request (and padded row) × logical page → physical page, classes in colour and symbol; zoomable."""
 
@@ -443,6 +463,7 @@ class PageGrid(ScrollView, can_focus=True):
         self._auto_fit = True
         self._zoom_cache: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray]] | None = None
         self._lines: dict[tuple, Strip] = {}
+        self.empty_text = NO_PAGE_TABLE
 
     # -- layout ----------------------------------------------------------------------------------
 
@@ -467,10 +488,15 @@ class PageGrid(ScrollView, can_focus=True):
         _grow_virtual(self, self._label_w() + self._ncells() * self._cell_w(), rows + 2)
         self.refresh()
 
-    def show(self, grid: m.Grid | None, highlight: m.Cell | None, marks: StepMarks | None = None) -> None:
+    def show(self, grid: m.Grid | None, highlight: m.Cell | None, marks: StepMarks | None = None,
+             empty: str = NO_PAGE_TABLE) -> None:
         """Draw a new step's grid (keeps the zoom unless auto-fit is on); `marks` are the cells the step's
-        violations name, `highlight` the one walked to."""
+        violations name, `highlight` the one walked to; `empty` is what a step without a page table says."""
         old = self._frame_key()
+        if grid is None and empty != self.empty_text:
+            self.empty_text = empty
+            self._lines.clear()
+            self.refresh()
         self.grid = grid
         self.highlight = highlight
         self.marks = marks or StepMarks()
@@ -572,7 +598,8 @@ class PageGrid(ScrollView, can_focus=True):
         width = self.size.width
         g = self.grid
         if g is None:
-            return Strip([Segment("no page table in this step".ljust(width)[:width], _S_DIM)], width) if y == 0 \
+            sty = _S_DIM if self.empty_text == NO_PAGE_TABLE else _S_NOTE
+            return Strip([Segment(self.empty_text.ljust(width)[:width], sty)], width) if y == 0 \
                 else Strip.blank(width)
         lw = self._label_w()
         cw = self._cell_w()
@@ -842,12 +869,13 @@ class ChainPanel(TextPane):
         t = Lines()
         t.append(f"verify step {verify.index}" + (" (this step)" if verify.index == here else "") + "\n",
                  style="bold")
-        room = max(1, self.size.height - 2) if self.size.height else 8
+        by_count = any(r.draft_tokens and not r.accepted_tokens and r.accept_length for r in verify.requests)
+        room = (max(1, self.size.height - 2) if self.size.height else 8) - by_count
         shown = verify.requests if len(verify.requests) <= room else verify.requests[: room - 1]
         for r in shown:
             t.append(f"r{r.request_id:<3} ", style="bold")
             t.append("● ", style="grey62")
-            for link in m.draft_chain(r.draft_tokens, r.accepted_tokens):
+            for link in m.draft_chain(r.draft_tokens, r.accepted_tokens, r.accept_length):
                 tok = m.token_text(link.token, byte_level)
                 if link.bonus:
                     t.append(f"+{tok} ", style="bold cyan")
@@ -857,8 +885,10 @@ class ChainPanel(TextPane):
                     t.append(f"{tok}✗ ", style="red")
             t.append(f" acc {r.accept_length}\n", style="grey62")
         if len(shown) < len(verify.requests):
-            t.append(f"… {len(verify.requests) - len(shown)} more rows (the requests table has them all)",
+            t.append(f"… {len(verify.requests) - len(shown)} more rows (the requests table has them all)\n",
                      style="grey50")
+        if by_count:  # the backend saw accept lengths, not tokens: ✓ / ✗ are counted, not compared
+            t.append("tokens not recorded: ✓ by accept len", style=_S_NOTE)
         self.update(t)
 
 
