@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
+from check_coverage import matrix  # scripts/ is on sys.path when this script runs
 from specscope.backend.faults import FAULTS
 from specscope.tracer.checks import CATALOGUE, COLLAPSE_VERIFIES
 
@@ -28,10 +29,12 @@ def main() -> None:
     tables = [t for t in tables if all("fired" in r for r in t["rows"])]
     out = ["# Checks: the invariant catalogue and what each injected fault trips", "",
            "`specscope check TRACE` runs every invariant below over every recorded step (exit 0 clean, 1 on any",
-           "error-severity violation, 2 if the trace cannot be read; `--json` lists `id`, `severity`, `step`,",
-           "`request_id`, `message` and the cell: `array`, `row`, `col`, `found`, `expected`). `--write` stores the",
-           "verdicts in the trace for the viewers, `--list [--json]` prints this catalogue. For a trace recorded",
-           "with `--inject`, `check` also says how often each fault fired and what caught it, or why it never fired.",
+           "error-severity violation, 2 if the trace cannot be read; `--json` prints `violations`, each with `id`,",
+           "`severity`, `step`, `request_id`, `message` and the cell: `array`, `row`, `col`, `found`, `expected`,",
+           "and `not_recorded`: each invariant the trace's facts could not judge, why, on how many steps).",
+           "`--write` stores the verdicts in the trace for the viewers, `--list [--json]` prints this catalogue.",
+           "For a trace recorded with `--inject`, `check` also says how often each fault fired and what caught it,",
+           "or why it never fired.",
            "",
            "**Every invariant is value-based**: it judges facts the trace recorded — the values the kernels",
            "consumed (metadata snapshots and request rows), the times the device recorded (spans: `%globaltimer`",
@@ -69,6 +72,11 @@ def main() -> None:
     for inv in CATALOGUE:
         out.append(f"| {inv.check_id} | {inv.severity.value} | {_esc(inv.description)} | {_esc(inv.reads)} | "
                    f"{inv.upstream} |")
+    coverage, unjustified = matrix()
+    if unjustified:
+        sys.exit("specscope: error: the fact-coverage matrix has empty cells without a reason: "
+                 + ", ".join(unjustified) + " (scripts/check_coverage.py JUSTIFY)")
+    out += ["", coverage]
     out += ["", "## Faults", "", "`specscope run --inject NAME` (list them with `specscope run --list-faults`).", "",
             "| fault | re-creates | expected id |", "|---|---|---|"]
     for f in FAULTS:

@@ -112,11 +112,13 @@ def test_info_names_the_zip_and_the_range_it_was_cut_from(fault: str, middle: tu
 
 def test_check_reports_original_step_numbers_and_invents_nothing_across_the_gap(
         fault: str, bundle: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, rows = _cli_json(capsys, ["check", bundle, "--json"])
+    code, out = _cli_json(capsys, ["check", bundle, "--json"])
+    rows = out["violations"]  # type: ignore[index]
     with TraceReader(bundle) as r:
         held = set(r.step_indexes())
         n_steps = r.num_steps()
-    _, full = _cli_json(capsys, ["check", fault, "--json"])
+    _, whole = _cli_json(capsys, ["check", fault, "--json"])
+    full = whole["violations"]  # type: ignore[index]
     got = {(v["id"], v["step"]) for v in rows}  # type: ignore[union-attr,index]
     want = {(v["id"], v["step"]) for v in full if v["step"] in held}  # type: ignore[union-attr,index]
     assert code == 1 and got and {s for _, s in got} <= held

@@ -274,7 +274,7 @@ def _rank(row: dict) -> tuple[int, int, int]:
 
 def test_check_orders_by_first_step_then_severity_then_id() -> None:
     p = run_cli("check", FAULTY, "--json")
-    rows = json.loads(p.stdout)
+    rows = json.loads(p.stdout)["violations"]
     assert [_rank(r) for r in rows] == sorted(_rank(r) for r in rows)
     text = run_cli("check", FAULTY, "--max-per-check", "0").stdout
     groups = [line.split()[0] for line in text.splitlines() if line[:1] in "IDK" and " [" in line]

@@ -103,7 +103,7 @@ def test_cli_run_inject_then_check(tmp_path, fault: str, extra: list[str]) -> No
     assert _cli(*base, "--inject", fault, "-o", bad).returncode == 0
     res = _cli("check", bad, "--json")
     assert res.returncode == 1, res.stderr
-    found = json.loads(res.stdout)
+    found = json.loads(res.stdout)["violations"]
     assert expected in {v["id"] for v in found}
     assert all({"id", "severity", "step", "message", "array", "row", "col", "found", "expected"} <= set(v)
                for v in found)
