@@ -112,23 +112,59 @@ def test_violation_groups_and_targets() -> None:
     assert models.violation_target(vs[0]) == {"check": "I10", "request": 3}
 
 
-def test_dashboard_checker_matches_the_catalogue(fault: TraceSource) -> None:
+@pytest.fixture(scope="module")
+def checked_fault(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A copy of the fault sample whose stored verdicts are today's catalogue's (`check --write`): the sample may
+    carry verdicts an older catalogue stored, and the dashboard shows a trace's stored verdicts as they are."""
+    import shutil
+    import subprocess
+    import sys
+
+    path = str(tmp_path_factory.mktemp("checked") / "fault.db")
+    shutil.copyfile(FAULT, path)
+    p = subprocess.run([sys.executable, "-m", "specscope.ui.cli", "check", "--write", path], capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode in (0, 1), p.stderr  # 1: violations found (and stored)
+    return path
+
+
+def _without_verdicts(path: str) -> str:
+    """A copy of the trace at `path` that stores no verdict (as one recorded with checking off)."""
+    import shutil
+    import sqlite3
+
+    out = path[: -len(".db")] + "-bare.db"
+    shutil.copyfile(path, out)
+    conn = sqlite3.connect(out)
+    with conn:
+        conn.execute("DELETE FROM violations")
+        conn.execute("DELETE FROM meta WHERE key = 'checked_through'")
+    conn.close()
+    return out
+
+
+def test_dashboard_checker_matches_the_catalogue(checked_fault: str) -> None:
     from specscope.tracer.checks import check_steps
 
-    with TraceReader(FAULT) as r:
+    with TraceReader(checked_fault) as r:
         expected = list(check_steps(r.steps()))
         stored = r.violations()
-    st = fault.violation_state(budget_steps=10**6)
-    assert st.checked_steps == st.num_steps == fault.num_steps()
-    if stored:
-        assert st.source == "trace"
-    else:
-        assert st.source == "dashboard" and [v.message for v in st.violations] == [v.message for v in expected]
+    assert {v.message for v in stored} == {v.message for v in expected}  # what `check --write` stored
+    src = TraceSource(checked_fault, "a", background=False)
+    st = src.violation_state(budget_steps=10**6)
+    assert st.checked_steps == st.num_steps == src.num_steps()
+    assert st.source == "trace" and {v.message for v in st.violations} == {v.message for v in expected}
     first = min(v.step for v in expected)
-    # One step alone (its capture fed first) gets the same verdict as the whole-trace walk.
     want = {v.message for v in expected if v.step == first}
-    assert {v.message for v in fault.step_violations(first)} == want  # from the dashboard's walk
-    assert {v.message for v in TraceSource(FAULT, "a").step_violations(first)} == want  # replayed from the capture
+    assert {v.message for v in src.step_violations(first)} == want  # from the trace's verdicts
+    # With no stored verdicts the dashboard checks the trace itself, and gets the catalogue's verdicts: over the
+    # whole trace, and for one step alone (its capture fed first).
+    bare = _without_verdicts(checked_fault)
+    own = TraceSource(bare, "a", background=False)
+    st = own.violation_state(budget_steps=10**6)
+    assert st.source == "dashboard" and [v.message for v in st.violations] == [v.message for v in expected]
+    assert {v.message for v in own.step_violations(first)} == want  # from the dashboard's walk
+    assert {v.message for v in TraceSource(bare, "a").step_violations(first)} == want  # replayed from the capture
 
 
 @pytest.mark.parametrize("path,search,page,step,params", [
