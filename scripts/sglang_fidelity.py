@@ -28,8 +28,8 @@ from specscope.integrations.sglang_parity import (
     MUTATIONS,
     PHASES,
     Comparison,
+    mutation_effect,
     parity_table_body,
-    run_mutation,
     sweep,
     sweep_header,
 )
@@ -81,7 +81,7 @@ class ReleaseResult:
     version: str
     up: UpstreamSglang
     cmps: list[Comparison]
-    mutations_caught: int | None  # None: the unmutated sweep already differs, so no fault can be isolated
+    mutations_caught: int  # faults the comparison sees exactly (sglang_parity.mutation_effect)
     drives: list[DriveResult]
     sweep_s: float
     total_s: float
@@ -120,9 +120,9 @@ def measure(version: str, folder: Path, scratch: Path) -> ReleaseResult:
         raise SglangNotFound(f"{folder} holds sglang {up.version}, not {version}")
     cmps = sweep(up)
     sweep_s = time.perf_counter() - t0
-    caught = None
-    if not any(c.differs for c in cmps):
-        caught = sum(run_mutation(load_upstream(folder), m) == m.expected_for(version) for m in MUTATIONS)
+    # Against the unmutated run of the same batches where upstream differs from ours unmutated (0.5.12).
+    base = any(c.differs for c in cmps)
+    caught = sum(mutation_effect(load_upstream(folder), m, baseline=base).caught for m in MUTATIONS)
     drives = [run_drive(load_upstream(folder), k, t, scratch) for k, t in DRIVES]
     return ReleaseResult(version, up, cmps, caught, drives, sweep_s, time.perf_counter() - t0)
 
@@ -135,7 +135,7 @@ def summary_row(r: ReleaseResult) -> str:
     graph = "inside the graph" if f.graph_metadata_in_graph else "out of graph"
     absent = ", ".join(f"`{x}`" for x in f.fields_absent) or "none"
     n = len(MUTATIONS)
-    caught = "n/a (upstream differs unmutated)" if r.mutations_caught is None else f"{r.mutations_caught}/{n}"
+    caught = f"{r.mutations_caught}/{n}" + (" (against unmutated)" if r.differing else "")
     return (f"| {r.version} | {len(r.cmps)} | {r.differing} | {cells}/{of} | {caught} "
             f"| {d44.steps} / {d42.steps} | {d44.verdict()} | {d42.verdict()} | {d44.replays_without_metadata} "
             f"| {absent} | {graph} | {r.sweep_s:.1f} | {r.total_s:.1f} |")
@@ -232,9 +232,10 @@ and the list of every place where it is deliberately different. It is written by
   metadata is computed inside the graph, so the recorder keeps those replays as steps whose metadata is not
   recorded (the trace says "computed inside the graph"), never as the values left over from before.
 - CI (`.ci/run`) unpacks every release (`.ci/sglang-installs.sh`) and `tests/unit/test_sglang_releases.py` runs
-  the full sweep, the mutation checks and the drives on 0.5.12, 0.5.13, 0.5.14, 0.5.15, 0.5.16, 0.5.19 and
-  0.5.23, and requires this page to carry each one's table and summary row;
-  `tests/unit/test_sglang_parity.py` does the same for the installed sglang.
+  the full sweep, the five mutation checks and both drives on 0.5.12, 0.5.13, 0.5.14, 0.5.15, 0.5.16, 0.5.19 and
+  0.5.23, each from its own folder `.sglang/<version>/` in one process, and requires this page to carry each
+  one's table and summary row (a missing folder fails it under CI); `tests/unit/test_sglang_parity.py` does the
+  same for the installed sglang, whichever tested release it is.
 
 Regenerate this page with `python scripts/sglang_fidelity.py` (every release under `.sglang/`); one release's
 table alone: `python -m specscope.integrations.sglang_parity --sglang .sglang/0.5.23`, with `--verbose` for
@@ -247,8 +248,11 @@ SUMMARY_NOTES = """
 - **forwards compared / differing**: the full parity sweep (28 page-size × K/T configurations, 3 iterations).
   0.5.12's differences are upstream's old behaviour, not ours (below); every later release equals ours in every
   field of every forward.
-- **mutation checks caught**: the injected faults that differ from upstream in exactly their fields (run where the
-  unmutated sweep is equal everywhere; on 0.5.12 upstream already differs, so a fault cannot be told apart).
+- **mutation checks caught**: the injected faults that differ from upstream in exactly their fields. On 0.5.12,
+  whose upstream already differs unmutated, each fault is compared with the unmutated run of the same batches
+  (`sglang_parity.mutation_effect`): it must add its fields wherever upstream did not already differ and change
+  nothing outside its cells; `max-seq-len-q-override` and `zero-cache-seqlens-at-capture` re-create PR #27495's
+  and PR #26521's bugs, so there they make ours equal to 0.5.12.
 - **drive steps / check**: `sglang_drive` with K=4 and T=4, then the seed bug's runner built for T=2 (6
   iterations, plan stream on where the backend has its fix-up hook). On 0.5.12 the catalogue catches PR #27495's
   line (`max_seq_len_q = speculative_num_draft_tokens` in target verify, I6 with I3, I5, I12, I13) and PR #26521's
