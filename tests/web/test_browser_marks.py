@@ -5,8 +5,11 @@ SPECSCOPE_SCREENSHOTS=docs/screenshots refreshes the page screenshots these test
 
 from __future__ import annotations
 
+import collections
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -15,7 +18,9 @@ pytest.importorskip("dash")
 pytest.importorskip("playwright")
 
 from specscope.tracer.store import TraceReader  # noqa: E402
+from specscope.ui.web import pages  # noqa: E402
 from specscope.ui.web.app import create_app  # noqa: E402
+from specscope.ui.web.pages import short_message  # noqa: E402
 from specscope.ui.web.server import serve_in_thread  # noqa: E402
 from webfixtures import FAULT, SAMPLES, browser_fixture, partial_bundle, screenshot_dir  # noqa: E402,F401
 
@@ -125,7 +130,7 @@ def test_n_and_shift_n_walk_the_violations(browser: object, fault_url: str) -> N
         for k in range(here):
             p.keyboard.press("n")  # type: ignore[attr-defined]
             p.wait_for_url(re.compile(rf"/step/{a}\?v={k}&"))  # type: ignore[attr-defined]
-            cur = f"() => document.querySelectorAll('#step-violations li')[{k}]?.classList.contains('cur')"
+            cur = f"() => document.querySelector('#step-violations li.cur')?.value === {k + 1}"  # the list's number
             p.wait_for_function(cur)  # type: ignore[attr-defined]
         p.keyboard.press("n")  # type: ignore[attr-defined]  # past the step's last: the next step's first
         p.wait_for_url(re.compile(rf"/step/{b}\?v=0&"))  # type: ignore[attr-defined]
@@ -176,3 +181,51 @@ def test_the_acceptance_page_draws(browser: object, fault_url: str) -> None:
     finally:
         ctx.close()  # type: ignore[attr-defined]
     assert problems == [], problems
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A bs-24 run of the stale page table fault: 33 violations at each of its worst steps."""
+    pytest.importorskip("torch")
+    path = str(tmp_path_factory.mktemp("crowded") / "crowded.db")
+    subprocess.run([sys.executable, "-m", "specscope.ui.cli", "run", "--device", "cpu", "--requests", "24",
+                    "--batch-size", "24", "--max-new-tokens", "8", "--page-size", "16", "--inject", "stale-page-table",
+                    "--quiet", "-o", path], check=True, capture_output=True, timeout=300)
+    return path
+
+
+def test_a_crowded_step_lists_every_violation_and_n_walks_past_the_drawn_ones(browser: object, crowded: str) -> None:
+    """More violations than the list draws as links: every one is on the page in full, and `n` reaches each,
+    the current one drawn as a link with its cell marked."""
+    with TraceReader(crowded) as r:
+        every = r.violations()
+    by_step = collections.Counter(v.step for v in every)
+    step, n = by_step.most_common(1)[0]
+    assert n > pages.MAX_LISTED + 4
+    here = [v for v in every if v.step == step]
+    for url in _serve(crowded):
+        ctx, p, problems = _page(browser, url)
+        try:
+            p.goto(f"/step/{step}")  # type: ignore[attr-defined]
+            p.wait_for_selector("#step-violations")  # type: ignore[attr-defined]
+            assert p.locator("#step-violations li").count() == pages.MAX_LISTED  # type: ignore[attr-defined]
+            rest = p.locator("#step-violations-rest pre").inner_text()  # type: ignore[attr-defined]
+            assert len(rest.splitlines()) == n - pages.MAX_LISTED
+            text = p.inner_text("#step-violations") + rest  # type: ignore[attr-defined]
+            for v in here:  # in full: the message and the cell with found vs expected
+                assert short_message(v) in text, v.message
+                assert f"found {v.found}" in text
+            _idle(p)
+            k = pages.MAX_LISTED + 3  # past the links drawn at first
+            for j in range(k + 1):  # one key a rendered page: a key pressed mid-render clicks the old link
+                p.keyboard.press("n")  # type: ignore[attr-defined]
+                p.wait_for_url(re.compile(rf"/step/{step}\?v={j}&"))  # type: ignore[attr-defined]
+                p.wait_for_function(f"() => document.querySelector('#step-violations li.cur')?.value === {j + 1}")  # type: ignore[attr-defined]
+            p.wait_for_function(f"() => document.querySelector('#step-violations li.cur')?.value === {k + 1}")  # type: ignore[attr-defined]
+            cur = p.inner_text("#step-violations li.cur")  # type: ignore[attr-defined]
+            assert here[k].check_id in cur and f"found {here[k].found}" in cur
+            assert p.locator("#step-violations li").count() == pages.MAX_LISTED  # type: ignore[attr-defined]
+            assert len(p.locator("#step-violations-rest pre").inner_text().splitlines()) == n - pages.MAX_LISTED  # type: ignore[attr-defined]
+        finally:
+            ctx.close()  # type: ignore[attr-defined]
+        assert problems == [], problems

@@ -23,6 +23,10 @@ def client() -> object:
     return app.server.test_client()
 
 
+# The live poll's outputs: the version, the header's step count, whether polling stops, the recording banner.
+POLL_OUTPUTS = [("version", "data"), ("live-status", "children"), ("live", "disabled"), ("recording-notes", "children")]
+
+
 def call(client: object, outputs: list[tuple[str, str]], inputs: list[tuple[str, str, object]],
          state: list[tuple[str, str, object]] = (), changed: str | None = None) -> tuple[int, object]:  # type: ignore[assignment]
     """POST one callback like dash-renderer does; returns (status, the outputs' values or the body text)."""
@@ -167,7 +171,7 @@ def test_live_poll_follows_a_growing_trace(tmp_path: object) -> None:
     for s in steps[10:]:
         w.write_step(s)
     w.flush()
-    status, out = call(c, [("version", "data"), ("live-status", "children"), ("live", "disabled")],
+    status, out = call(c, POLL_OUTPUTS,
                        [("live", "n_intervals", 1)])
     assert status == 200 and out[0] == 1 and "30 steps (live)" in out[1] and out[2] is False  # type: ignore[index]
     w.close()
@@ -175,7 +179,7 @@ def test_live_poll_follows_a_growing_trace(tmp_path: object) -> None:
     # machine can take more than one poll for that), and stops once the closed trace is fully loaded.
     deadline = time.monotonic() + 30
     for n in itertools.count(2):
-        status, out = call(c, [("version", "data"), ("live-status", "children"), ("live", "disabled")],
+        status, out = call(c, POLL_OUTPUTS,
                            [("live", "n_intervals", n)])
         assert status == 200 and "(live)" not in out[1]  # type: ignore[index]
         if out[2] is True or time.monotonic() > deadline:  # type: ignore[index]

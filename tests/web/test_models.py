@@ -208,11 +208,13 @@ def test_heatmap_figure_marks_each_cell_kind(fault: TraceSource) -> None:
     assert grid is not None and grid.counts.get(views.CellKind.STALE, 0) > 0
     fig = valid(figures.heatmap_figure(grid, (1, 2)))
     hm = fig.data[0]
-    kinds = [figures.KINDS[z] for row in hm.z for z in row]
+    z, custom = figures.from_typed_array(hm.z), figures.from_typed_array(hm.customdata)  # as plotly.js decodes them
+    assert z.shape == (len(grid.cells), grid.num_cols) and custom.shape == (*z.shape, 3)
+    kinds = [figures.KINDS[k] for row in z for k in row]
     assert kinds.count(views.CellKind.STALE) == grid.counts[views.CellKind.STALE]
     cell = grid.cells[0][0]
     # hover: physical page, token range and owner
-    assert list(hm.customdata[0][0]) == [cell.page, cell.token_start, cell.token_end]
+    assert list(custom[0][0]) == [cell.page, cell.token_start, cell.token_end]
     assert hm.hovertext[0][0].startswith(f"request {cell.owner} · stale")
     assert fig.layout.shapes[0].y0 == 0.5 and fig.layout.shapes[0].x0 == 1.5
 
@@ -228,7 +230,7 @@ def test_heatmap_bins_wide_tables() -> None:
                                               ArraySnapshot("cache_seqlens", "int32", (2,), 0,
                                                             np.array([cols * 16, 16], np.int32))))  # fmt: skip
     fig = valid(figures.heatmap_figure(views.page_grid(step)))
-    assert len(fig.data[0].z[0]) <= figures.MAX_HEATMAP_COLS
+    assert figures.from_typed_array(fig.data[0].z).shape[1] <= figures.MAX_HEATMAP_COLS
 
 
 def test_timeline_figures_on_a_plan_stream_trace() -> None:

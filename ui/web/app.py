@@ -47,6 +47,8 @@ main{padding:8px 16px} h2{margin:8px 0} h3{margin:12px 0 6px;font-size:15px}
  text-decoration:none;color:#263238;margin-right:6px} .btn.disabled{opacity:.4;pointer-events:none}
 .step-nav{display:flex;gap:12px;align-items:center;margin:6px 0} .step-label{font-weight:600}
 .banner{background:#ffe0b2;border-left:4px solid #e65100;padding:6px 10px;margin:6px 0}
+.banner.notes{margin:0;font-size:13px} .banner.notes summary{cursor:pointer;font-weight:600}
+.banner.notes ul{margin:4px 0;padding-left:20px}
 .legend{display:flex;flex-wrap:wrap;gap:6px;font-size:12px;margin:4px 0}
 .chip{padding:1px 6px;border-radius:3px;border:1px solid #ccc}
 .chain{margin:2px 0;font-family:ui-monospace,monospace;font-size:13px} .chain.hl{background:#fff59d}
@@ -324,6 +326,7 @@ def create_app(trace: str, compare_with: str | None = None, *, live_interval_ms:
             dcc.Interval(id="live", interval=live_interval_ms, disabled=not poll),
             dcc.Store(id="version", data=version),
             _nav(d),
+            html.Div(pages.recording_banner(d.sources), id="recording-notes"),
             html.Main(html.Div(children, id="page")),
         ])
 
@@ -381,13 +384,14 @@ def _register(app: Dash, d: Dashboard) -> None:
         return d.page(pathname, search)
 
     @app.callback(Output("version", "data"), Output("live-status", "children"), Output("live", "disabled"),
-                  Input("live", "n_intervals"), prevent_initial_call=True)
+                  Output("recording-notes", "children"), Input("live", "n_intervals"), prevent_initial_call=True)
     def poll(_n: object) -> Any:
         try:
             grew = d.refresh()
         except TraceError as e:
-            return no_update, f"cannot read the trace: {e}", True
-        return (d.version if grew else no_update), _live_text(d), not d.needs_poll()
+            return no_update, f"cannot read the trace: {e}", True, no_update
+        notes = pages.recording_banner(d.sources) if grew else no_update  # a live recording's problems grow
+        return (d.version if grew else no_update), _live_text(d), not d.needs_poll(), notes
 
     @app.callback(Output(ids.TL_GANTT, "figure"), Output(ids.TL_OVERLAP, "figure"), Output(ids.TL_OVERVIEW, "figure"),
                   Output(ids.TL_STATS, "children"), Output(ids.TL_GAPS, "children"), Output(ids.TL_RANGE, "value"),

@@ -13,6 +13,7 @@ from dash.development.base_component import Component
 from specscope.tracer.checks import BY_ID
 from specscope.tracer.schema import ForwardMode, Step, Violation
 from specscope.ui import views
+from specscope.ui.recording_notes import replay_without_metadata
 
 from . import figures, ids, models
 from .routes import step_href
@@ -387,32 +388,87 @@ def marked_text_table(header: Sequence[str], rows: Sequence[Sequence[object]], m
     return html.Pre(out, className="text-table", **_id(id))
 
 
+MAX_LISTED = 16  # violations (and marks) of a step drawn as elements; the rest of them as one text block
+
+
+def _violation_line(v: Violation, k: int | None = None) -> tuple[str, str, str]:
+    """(what, message, related) of one violation: the cell with found vs expected, the message without its step
+    prefix, and the related cells with their values."""
+    cells = [views.cell_name(c.array, c.row, c.col) + ("" if c.value is None else f" = {c.value}")
+             + ("" if c.step is None or c.step == v.step else f" (step {c.step})") for c in v.related]
+    what = ""
+    if v.array is not None:
+        what = f"{views.cell_name(v.array, v.row, v.col)}: found {v.found}" + (
+            "" if v.expected is None else f", expected {v.expected}")
+    return what, short_message(v), "; ".join(cells)
+
+
 def _violation_list(src: TraceSource, found: Sequence[Violation], cur: int | None,
                     rows_of: Mapping[int, int]) -> Component:
+    """The step's violations, every one in full: MAX_LISTED of them (those around the current one) as links, the
+    others as one block of text (a systematic bug at bs 64 gives a step hundreds, and an element each would cost
+    the browser more than the rest of the page; `n` / `N` open each of them marked)."""
     if not found:
         return html.P("no violations at this step", id=ids.STEP_VIOLATIONS, className="muted")
+    lo = 0 if cur is None else max(0, min(cur - MAX_LISTED // 2, len(found) - MAX_LISTED))
+    hi = min(len(found), lo + MAX_LISTED)
     items = []
-    for k, v in enumerate(found):
-        cells = [views.cell_name(c.array, c.row, c.col) + ("" if c.value is None else f" = {c.value}")
-                 + ("" if c.step is None or c.step == v.step else f" (step {c.step})") for c in v.related]
-        what = ""
-        if v.array is not None:
-            what = f"{views.cell_name(v.array, v.row, v.col)}: found {v.found}" + (
-                "" if v.expected is None else f", expected {v.expected}")
+    for k in range(lo, hi):
+        v = found[k]
+        what, message, related = _violation_line(v)
         items.append(html.Li([
             dcc.Link(f"{v.check_id}", href=violation_href(src, v, k, rows_of.get(v.request_id or -1)),
                      className="viol-link"),
             html.Span(f" [{v.severity.value}] ", className="sev-" + v.severity.value),
-            html.B(what) if what else "", " — " if what else "", short_message(v),
-            *([html.Span(" · related: " + "; ".join(cells), className="muted")] if cells else []),
-        ], className="cur" if k == cur else ""))
-    return html.Ol(items, id=ids.STEP_VIOLATIONS, className="viol-list")
+            html.B(what) if what else "", " — " if what else "", message,
+            *([html.Span(" · related: " + related, className="muted")] if related else []),
+        ], className="cur" if k == cur else "", value=str(k + 1)))
+    listed = html.Ol(items, id=ids.STEP_VIOLATIONS, className="viol-list", start=str(lo + 1))
+    if hi - lo == len(found):
+        return listed
+
+    def line(k: int) -> str:
+        what, message, related = _violation_line(found[k])
+        return (f"{k + 1:>4}. {found[k].check_id} [{found[k].severity.value}] " + (f"{what} — " if what else "")
+                + message + (f" · related: {related}" if related else ""))
+
+    rest = [line(k) for k in range(len(found)) if not lo <= k < hi]
+    return html.Div([
+        listed,
+        html.Details([html.Summary(f"the other {len(rest)} of this step's {len(found)} violations (n / N walk "
+                                   "them, each opened with its cell marked)"),
+                      html.Pre("\n".join(rest) + "\n", className="text-table viol-rest")],
+                     id="step-violations-rest", open=len(rest) <= 4 * MAX_LISTED),
+    ])
 
 
 def _marks_table(marks: Sequence[views.CellMark]) -> Component:
     rows = [(m.check_id, views.cell_name(m.array, m.row, m.col), m.found or "-",
              "-" if m.expected is None else m.expected, "related" if m.is_related else "wrong value") for m in marks]
-    return table(["check", "cell", "found", "expected", ""], rows, id=ids.STEP_MARKS, cls="marks")
+    head = ["check", "cell", "found", "expected", ""]
+    if len(rows) > MAX_LISTED:  # aligned text: one element, not six per mark
+        return text_table(head, rows, id=ids.STEP_MARKS)
+    return table(head, rows, id=ids.STEP_MARKS, cls="marks")
+
+
+# The step detail's scalar rows: label -> the recorded scalar's name.
+_DETAIL_SCALARS = {"max_seq_len_q": "max_seq_len_q", "kernel q_len": "kernel_q_len", "max_seq_len_k": "max_seq_len_k"}
+
+
+def recording_banner(sources: Mapping[str, TraceSource]) -> list[Component]:
+    """What each trace says its recording could not record: a one-line summary that opens to the full text (one
+    fact a line), for every page; nothing for a trace that recorded everything."""
+    out: list[Component] = []
+    for key, src in sources.items():
+        notes = src.notes
+        if not notes:
+            continue
+        who = f" ({key.upper()})" if len(sources) > 1 else ""
+        out.append(html.Details([
+            html.Summary(f"⚠ recording{who}: " + " · ".join(notes.parts())),
+            html.Ul([html.Li(line) for line in notes.lines()]),
+        ], className="banner notes", id=f"recording-notes-{key}"))
+    return out
 
 
 def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Div:
@@ -439,6 +495,17 @@ def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Di
     for name, mk in where.scalars.items():  # scalars the detail has no row for are listed in it
         detail.append((name, _scalar_value(step, name)))
         where.detail[name] = mk
+    notes = src.notes
+    no_md = replay_without_metadata(notes, step.graph.value, [a.name for a in step.arrays], list(step.scalars))
+    not_recorded = f"not recorded ({notes.replay_reason()})"
+    # The graph computed a replay's metadata where Python never sees it; a field the backend does not have is
+    # recorded absent. Either says so in place of a "-" that reads like a lost value.
+    for k, (label, value) in enumerate(detail):
+        if value == "-" and label in _DETAIL_SCALARS:
+            if no_md and label in ("max_seq_len_q", "kernel q_len", "max_seq_len_k"):
+                detail[k] = (label, not_recorded)
+            elif notes.is_absent(_DETAIL_SCALARS[label]):
+                detail[k] = (label, "(absent in this backend)")
     hl = highlight_row(step, params)
     cur_v = found[cur] if cur is not None else None
     if cur_v is not None and cur_v.row is not None and hl is None:
@@ -518,8 +585,13 @@ def step_page(src: TraceSource, i: int, params: dict[str, int | str]) -> html.Di
             highlight=hl)
         grid_block = [heat, legend, html.Div("click a cell for its details", id=ids.STEP_CELL, className="cell-detail")]
     else:
-        grid_block = [html.P("this step recorded no page table", className="muted")]
-        seqs = html.P("no seqlens recorded", className="muted")
+        if no_md:
+            grid_block = [html.P(f"{not_recorded}: page table, cache_seqlens, cu_seqlens (the step's header, "
+                                 "requests and spans are recorded)", className="muted", id="step-not-recorded")]
+            seqs = html.P(f"{not_recorded}: cache_seqlens, cu_seqlens", className="muted")
+        else:
+            grid_block = [html.P("this step recorded no page table", className="muted")]
+            seqs = html.P("no seqlens recorded", className="muted")
     extra: list[Component] = []
     if step.errors:
         extra.append(table(["call", "error", "message"], [(e.call, e.error_type, e.message) for e in step.errors]))

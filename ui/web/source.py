@@ -21,6 +21,7 @@ from specscope.tracer.errors import TraceError
 from specscope.tracer.query import SpanBins, StepIndex, ViolationFilter
 from specscope.tracer.schema import EndState, ForwardMode, GraphPhase, Severity, Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
+from specscope.ui.recording_notes import recording_notes
 
 if TYPE_CHECKING:
     from specscope.tracer.checks import Checker
@@ -134,6 +135,7 @@ class TraceSource:
         self.path = self.reader.path  # a bundle's private trace.db copy: the loader opens the same file
         self.name = self.reader.display_path  # what pages call it: the .zip of a bundle, not that copy
         self.run = self.reader.run
+        self.notes = recording_notes(self.reader.meta(), self.run.config)  # what the recording could not record
         # Step URLs and ranges are indexes; this maps them to positions (a bundle's start late and skip).
         self.positions = StepIndex(self.reader)
         self._lock = threading.RLock()
@@ -251,6 +253,8 @@ class TraceSource:
                 return False
             n = self.positions.refresh()
             closed = self.reader.is_closed()
+            if n > self._n or closed != self._closed:  # a live SGLang recording adds its problems as it goes
+                self.notes = recording_notes(self.reader.meta(), self.run.config)
         with self._cv:
             grew = n > self._n
             self._n = max(self._n, n)
