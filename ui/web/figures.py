@@ -30,6 +30,8 @@ KINDS = list(CellKind)
 DARK_KINDS = (CellKind.OUT_OF_RANGE, CellKind.STALE, CellKind.SHARED, CellKind.FRESH)  # white text on these
 LANES = ["host", "plan", "compute"]
 MAX_HEATMAP_COLS = 256  # wider page tables are shown binned (views.bin_columns keeps the most notable kind)
+MAX_ROW_LABELS = 16  # batch-row labels on the page-table grid's axis (every k-th row, and every marked row)
+_GAPPED_CELLS = 32 * 32  # page-table grids up to this many cells are drawn with a gap between cells
 Figure = dict[str, Any]
 
 # The look of plotly's "plotly_white" template, spelled out: sending the template itself would add ~10 KB to
@@ -288,10 +290,9 @@ def from_typed_array(spec: Mapping[str, str]) -> np.ndarray:
 
 
 def _hover(c: PageCell) -> str:
-    # A healthy cell says only its kind (its row's label names the request): at bs 64 the grid has ~4k cells, and
-    # the owner on each was half of a step page's bytes.
+    # A healthy cell says its request in short (the axis labels only every few rows of a big batch).
     if c.kind in (CellKind.OK, CellKind.UNREAD) and c.owner is not None:
-        return KIND_SHORT[c.kind]
+        return f"r{c.owner} · {KIND_SHORT[c.kind]}"
     who = "padded row" if c.owner is None else f"request {c.owner}"
     text = f"{who} · {KIND_SHORT[c.kind]}"
     if c.expected_page is not None and c.expected_page != c.page:
@@ -332,13 +333,17 @@ def heatmap_figure(grid: PageGrid, highlight: tuple[int, int | None] | None = No
     for i, k in enumerate(KINDS):
         scale += [[i / n, KIND_COLORS[k]], [(i + 1) / n, KIND_COLORS[k]]]
     width = len(z[0]) if z else 0
+    # Gaps between cells make plotly.js paint each cell as a rectangle of its own, where a gapless grid is one
+    # image: at bs 64 x 64 pages that is ~50 ms of every step change (benchmarks/web.py), for gaps a cell of ~10 px
+    # hardly shows. A small grid keeps them, and its page numbers printed in the cells.
+    gap = 1 if rows * width <= _GAPPED_CELLS else 0
     trace: dict[str, Any] = {
         "type": "heatmap", "z": typed_array(np.array(z, np.int8)), "hovertext": hover,
         "customdata": typed_array(np.array(custom, np.int32)), "zmin": -0.5, "zmax": n - 0.5, "colorscale": scale,
-        "xgap": 1, "ygap": 1, "showscale": False, "y": np.arange(rows), "x": np.arange(width),
+        "xgap": gap, "ygap": gap, "showscale": False, "y": np.arange(rows), "x": np.arange(width),
         "hovertemplate": template,
     }  # fmt: skip
-    if not binned and grid.num_cols <= 48 and rows <= 64:  # cells big enough to print page number and symbol
+    if not binned and gap:  # cells big enough to print page number and symbol
         trace["text"] = text
         trace["texttemplate"] = "%{text}"
     per = max(1, -(-grid.num_cols // MAX_HEATMAP_COLS)) if binned else 1  # logical pages per shown column
@@ -367,9 +372,13 @@ def heatmap_figure(grid: PageGrid, highlight: tuple[int, int | None] | None = No
     if binned:
         xticks = {"tickmode": "array", "tickvals": list(range(0, width, max(1, width // 8))),
                   "ticktext": [str(v * per) for v in range(0, width, max(1, width // 8))]}
+    # plotly.js measures every tick label it draws; a label a row at bs 64 cost ~50 ms a step change, and rows of
+    # ~10 px could not show them all anyway. The marked rows are always labelled.
+    every = max(1, -(-rows // MAX_ROW_LABELS))
+    labelled = sorted(set(range(0, rows, every)) | {m.row for m in marks if m.row is not None and 0 <= m.row < rows})
     return _figure([trace], title, height, margin={"l": 70, "r": 20, "t": 70, "b": 20}, shapes=shapes,
-                   yaxis=axis("batch row", autorange="reversed", tickmode="array", tickvals=list(range(rows)),
-                              ticktext=list(grid.row_labels)),
+                   yaxis=axis("batch row", autorange="reversed", tickmode="array", tickvals=labelled,
+                              ticktext=[grid.row_labels[r] for r in labelled]),
                    xaxis=axis("logical page" + (" (binned)" if binned else ""), side="top", **xticks))
 
 
