@@ -10,8 +10,10 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .config_error import ConfigError as ConfigError  # raised by validate(); its home is config_error.py
 from .faults import FAULTS
 from .model_config import ModelConfig
+from .ops_setting import fused_ops_setting
 from .sizing import (
     Estimate,
     RunShape,
@@ -29,24 +31,7 @@ if TYPE_CHECKING:
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)  # memory.py's (kept here so validation needs no torch)
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 MAX_SEED = 2**63 - 1  # the draft's weights use seed + 1, and torch seeds are at most 64 bits
-# The op sets backend/fused_ops.py runs ("auto": flashinfer's fused kernels where they can run, else plain), and
-# the on/off spellings `--fused-ops` takes for them.
-FUSED_OPS = ("auto", "plain", "fused-torch", "flashinfer")
-FUSED_OPS_ALIASES = {"on": "auto", "1": "auto", "true": "auto", "off": "plain", "0": "plain", "false": "plain"}
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
-
-
-class ConfigError(ValueError):
-    """An invalid run configuration; the message is one sentence for the user."""
-
-
-def fused_ops_setting(value: object) -> str:
-    """`value` as one of FUSED_OPS (case-insensitive; an on/off alias maps onto auto/plain); else a ConfigError."""
-    s = value.strip().lower() if isinstance(value, str) else None
-    s = FUSED_OPS_ALIASES.get(s, s) if s is not None else None
-    if s not in FUSED_OPS:
-        raise ConfigError(f"--fused-ops must be one of {', '.join(FUSED_OPS)}, got {value!r}")
-    return s
 
 
 @dataclass
@@ -75,7 +60,7 @@ class EngineConfig:
     ignore_eos: bool = False
     graph_batch_sizes: tuple[int, ...] = ()  # sizes to capture; () = 1, 2, 4, 8, 16, 24, ... up to batch_size
     record_attention: int = 0  # keep layer 0's attention inputs/outputs every N steps (differential check)
-    fused_ops: str = "auto"  # the decoder's op set (FUSED_OPS); auto: flashinfer's kernels on a bf16/fp16 GPU
+    fused_ops: str = "auto"  # the decoder's op set (ops_setting.py); auto: flashinfer's kernels on a bf16/fp16 GPU
     draft_extend_graph: bool = True  # capture draft extend too (eager anyway with --prefill-kernel flashinfer)
     cpu_threads: int = 1  # torch's intra-op threads on the CPU device (the tiny models lose with more)
 

@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from ..tracer.schema import ForwardMode
 
 if TYPE_CHECKING:
-    from .attention_backend import AttentionBackend
+    from .attention_layer import AttentionLayer
     from .memory import KVPool, ReqToTokenPool
+
+
+class BatchAttention(Protocol):
+    """What a model calls on `fb.attn_backend`: the one method of `AttentionBackend` a forward needs.
+
+    Declared here, not imported from attention_backend.py, because that contract takes a ForwardBatch in every
+    hook: the batch is the lower module, and every `AttentionBackend` satisfies this protocol as it stands.
+    """
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        """Write k/v into the cache, then attend; returns `[num_tokens, Hq*D]`."""
+        ...
 
 
 @dataclass
@@ -33,7 +48,7 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor  # int64 [num_tokens] KV write slots
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: KVPool
-    attn_backend: AttentionBackend
+    attn_backend: BatchAttention
     extend_seq_lens_cpu: list[int] | None = None  # EXTEND / DRAFT_EXTEND: new tokens per row
     extend_prefix_lens_cpu: list[int] | None = None
     spec_step_id: int | None = None  # DRAFT_DECODE: which draft step

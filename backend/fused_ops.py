@@ -11,7 +11,7 @@ Three op sets, named by `OpsName`:
 
 The run's `fused_ops` setting (`EngineConfig.fused_ops`, `specscope run --fused-ops`) picks: "auto" -> flashinfer
 where it can run, else plain; "plain" -> plain everywhere; "fused-torch" or "flashinfer" force a set (flashinfer
-still needs CUDA). engine_config.py lists the settings and their on/off aliases (torch-free, for the CLI).
+still needs CUDA). ops_setting.py lists the settings and their on/off aliases (torch-free, for the CLI).
 Every op takes and returns tensors of static shapes and never reads a device value on the host, so the
 forward stays capturable in a CUDA graph.
 """
@@ -24,14 +24,14 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .engine_config import fused_ops_setting
+from .ops_setting import fused_ops_setting
 
 OpsName = Literal["plain", "fused-torch", "flashinfer"]
 _FLASHINFER_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def check_setting(setting: str) -> str:
-    """`setting` as one of engine_config.FUSED_OPS (aliases resolved); a ValueError (ConfigError) for any other."""
+    """`setting` as one of ops_setting.FUSED_OPS (aliases resolved); a ValueError (ConfigError) for any other."""
     return fused_ops_setting(setting)
 
 

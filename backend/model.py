@@ -262,7 +262,7 @@ class LlamaForCausalLM(nn.Module):
 
     # ---- op selection ------------------------------------------------------------------------------------
     def set_ops(self, setting: str) -> None:
-        """Pick the op set: "auto", "plain", "fused-torch" or "flashinfer" (engine_config.FUSED_OPS, aliases too).
+        """Pick the op set: "auto", "plain", "fused-torch" or "flashinfer" (ops_setting.FUSED_OPS, aliases too).
 
         Takes effect at the next forward; CUDA graphs already captured keep the ops they were captured with."""
         setting = fused_ops.check_setting(setting)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # type names only: `run` validates everything before torch is
     from specscope.backend.engine_config import EngineConfig
     from specscope.backend.session import SessionResult
 
-# engine_config.FUSED_OPS and its aliases (named here so building the parser imports no engine module).
+# ops_setting.FUSED_OPS and its aliases (named here so building the parser imports no engine module).
 FUSED_OPS = ("auto", "plain", "fused-torch", "flashinfer")
 FUSED_OPS_ALIASES = {"on": "auto", "1": "auto", "true": "auto", "off": "plain", "0": "plain", "false": "plain"}
 
@@ -305,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for w in warnings:
         print(f"specscope: warning: {w}", file=sys.stderr)
-    from specscope.backend.engine_config import ConfigError
+    from specscope.backend.config_error import ConfigError
     from specscope.backend.session import run_session
 
     progress = Progress(not args.quiet)

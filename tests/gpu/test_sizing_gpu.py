@@ -16,7 +16,8 @@ if not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("flashinfer")
 
-from specscope.backend.engine_config import ConfigError, EngineConfig  # noqa: E402
+from specscope.backend.config_error import ConfigError  # noqa: E402
+from specscope.backend.engine_config import EngineConfig  # noqa: E402
 from specscope.backend.session import run_session  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"

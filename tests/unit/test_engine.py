@@ -6,7 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from specscope.backend.engine_config import ConfigError, EngineConfig  # noqa: E402
+from specscope.backend.config_error import ConfigError  # noqa: E402
+from specscope.backend.engine_config import EngineConfig  # noqa: E402
 from specscope.backend.session import run_session  # noqa: E402
 from specscope.tracer.checks import check_steps  # noqa: E402
 from specscope.tracer.schema import ForwardMode, GraphPhase  # noqa: E402

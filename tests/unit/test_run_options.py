@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specscope.backend import engine_config
-from specscope.backend.engine_config import ConfigError, EngineConfig
+from specscope.backend import ops_setting
+from specscope.backend.config_error import ConfigError
+from specscope.backend.engine_config import EngineConfig
 from specscope.ui import cmd_run
 from specscope.ui.cli import build_parser
 
@@ -50,8 +51,8 @@ def test_the_flags_become_config_fields() -> None:
 
 def test_the_cli_names_the_engines_op_sets() -> None:
     # cmd_run keeps its own copy (building the parser imports no engine module): the two must agree.
-    assert cmd_run.FUSED_OPS == engine_config.FUSED_OPS
-    assert cmd_run.FUSED_OPS_ALIASES == engine_config.FUSED_OPS_ALIASES
+    assert cmd_run.FUSED_OPS == ops_setting.FUSED_OPS
+    assert cmd_run.FUSED_OPS_ALIASES == ops_setting.FUSED_OPS_ALIASES
 
 
 def test_flags_that_would_do_nothing_are_warned_about() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from specscope.backend.engine_config import ConfigError, EngineConfig
+from specscope.backend.config_error import ConfigError
+from specscope.backend.engine_config import EngineConfig
 from specscope.backend.model_config import ModelConfig
 from specscope.backend.sizing import (
     RunShape,

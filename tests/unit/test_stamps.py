@@ -159,7 +159,8 @@ def test_a_held_back_step_keeps_its_times_when_the_ring_laps() -> None:
 def test_a_gpu_without_device_stamps_is_one_clear_error_and_no_empty_trace(tmp_path, monkeypatch) -> None:
     """Where the stamp kernel cannot load (a driver too old for the PTX, no libcuda), the run says so in one sentence
     and leaves no trace file behind; the stamp failure is simulated, the session's handling is the real one."""
-    from specscope.backend.engine_config import ConfigError, EngineConfig
+    from specscope.backend.config_error import ConfigError
+    from specscope.backend.engine_config import EngineConfig
     from specscope.backend.session import run_session
     from specscope.tracer import recorder as recorder_mod
 

@@ -6,7 +6,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specscope.tracer.checks import BY_ID
 from specscope.tracer.condition import ConditionError
@@ -24,6 +24,7 @@ from . import strip_cycles
 from .frames import MainScreen
 from .idle_gc import IdleCollector
 from .lines import Lines
+from .live import LiveChanged, LiveController, LiveNote, LivePaused
 from .marks import StepMarks, catalogue_order, tk_flagged
 from .screens import HelpScreen, PromptScreen
 from .source import BLOCK, BackgroundLoader, TraceSource
@@ -40,10 +41,6 @@ from .widgets import (
     TextPane,
     ViolationsPanel,
 )
-
-if TYPE_CHECKING:
-    from .live import LiveController
-
 
 WINDOW = 200  # steps either side of the current one in the acceptance window
 PREFETCH_IDLE_S = 0.05  # the neighbour thread decodes the next step once the keys pause this long (_prefetch_when_idle)
@@ -206,7 +203,7 @@ class SpecscopeApp(App[int]):
         self.message = ""
         self._notes_key: tuple[RecordingNotes, int] | None = None  # what the notice line shows, at which width
         if controller is not None:
-            controller.attach(self)
+            controller.attach(self, self.source)
 
     # -- layout ----------------------------------------------------------------------------------
 
@@ -664,7 +661,7 @@ class SpecscopeApp(App[int]):
         self.move_to(v.step, violation=v)
 
     def on_step_list_picked(self, event: StepList.Picked) -> None:
-        """A clicked step."""
+        """A step clicked or paged to in the step list."""
         self.move_to(event.index)
 
     def action_toggle_side(self) -> None:
@@ -721,18 +718,22 @@ class SpecscopeApp(App[int]):
         self.loader.stop.set()
         self.exit(0)
 
-    # -- live events (from live.py's thread, through call_from_thread) --------------------------------
+    # -- live events (messages live.py's controller posts, from its thread or from a breakpoint edit) --------
 
-    def on_live_paused(self, index: int, reason: str) -> None:
-        """The run paused after step `index`: show that step (it is committed) and say why."""
+    def on_live_paused(self, event: LivePaused) -> None:
+        """The run paused after step `event.index`: show that step (it is committed) and say why."""
         self.source.refresh()
         self._steps.sync_size()
-        self.move_to(index)
-        self.notify_line(reason)
+        self.move_to(event.index)
+        self.notify_line(event.reason)
 
-    def on_live_changed(self) -> None:
+    def on_live_changed(self, event: LiveChanged) -> None:
         """The run's state changed (running, finished)."""
         self._tick()
+
+    def on_live_note(self, event: LiveNote) -> None:
+        """A note from the controller (the breakpoints just set) for the status line."""
+        self.notify_line(event.text)
 
     # -- live actions (no-ops offline) ----------------------------------------------------------------
 

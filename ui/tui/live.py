@@ -27,9 +27,12 @@ from specscope.tracer.condition import Condition, ConditionError, parse_conditio
 from specscope.tracer.errors import TraceError
 from specscope.tracer.query import summary_fields
 from specscope.tracer.store import TraceReader
+from textual.message import Message
 
 if TYPE_CHECKING:
-    from .app import SpecscopeApp
+    from textual.app import App
+
+    from .source import TraceSource
 
 
 # Why a run started paused holds at its first step (the keys to press lead the status line).
@@ -38,6 +41,31 @@ START_PAUSED_REASON = "paused at the first step"
 
 class LiveError(Exception):
     """The run could not be started or died before its trace existed; `str()` is one sentence."""
+
+
+# What the controller tells the app. Messages, not calls: the controller sits below the app (the app drives it), and
+# posting is thread-safe in Textual, so the event thread reports without knowing the app's methods.
+
+
+class LivePaused(Message):
+    """The run paused after step `index`, for `reason` (the status line's text)."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__()
+        self.index = index
+        self.reason = reason
+
+
+class LiveChanged(Message):
+    """The run's state changed (running, finished)."""
+
+
+class LiveNote(Message):
+    """A one-line note for the status bar (the breakpoints just set)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
 
 
 @dataclass
@@ -140,7 +168,8 @@ class LiveController:
         self.log_path = os.path.join(self.folder, "run.log")
         self.channel = Channel(self.folder)
         self.proc: subprocess.Popen[bytes] | None = None
-        self.app: SpecscopeApp | None = None
+        self.app: App[Any] | None = None  # where the messages go
+        self.source: TraceSource | None = None  # the app's view of the trace, whose violations the checker fills
         self.state = "starting"  # starting, running, paused, finished
         self.paused_at: int | None = None
         self.reason = ""
@@ -206,9 +235,9 @@ class LiveController:
         self.channel.send({"cmd": "break_step", "index": self.breaks.step})
         self.channel.send({"cmd": "sync", "on": self.breaks.needs_sync})
 
-    def attach(self, app: SpecscopeApp) -> None:
-        """The app this controller reports to."""
-        self.app = app
+    def attach(self, app: App[Any], source: TraceSource) -> None:
+        """The app this controller posts its messages to, and the trace source its checker's verdicts go into."""
+        self.app, self.source = app, source
 
     def start(self) -> None:
         """Begin listening for the engine's events (called when the app is mounted)."""
@@ -243,37 +272,36 @@ class LiveController:
                     self.breaks.step = None
                 self._pending_reason = None
                 self._catch_up(None)
-                self._to_app("live_paused", int(ev["index"]), self.reason)
+                self._post(LivePaused(int(ev["index"]), self.reason))
             elif kind == "running":
                 self.state, self.paused_at = "running", None
-                self._to_app("live_changed")
+                self._post(LiveChanged())
             elif kind in ("done", "eof"):
                 self.state = "finished"
-                self._to_app("live_changed")
+                self._post(LiveChanged())
                 if kind == "eof":
                     self._catch_up(None)
                     return
 
-    def _to_app(self, name: str, *args: Any) -> None:
+    def _post(self, message: Message) -> None:
         app = self.app
         if app is None:
             return
         try:
-            app.call_from_thread(getattr(app, f"on_{name}"), *args)
+            app.post_message(message)
         except RuntimeError:
-            pass  # the app is shutting down
+            pass  # the app is shutting down (its event loop closed under this thread)
 
     def _catch_up(self, through: int | None) -> list[Any]:
         """Feed committed steps to the streaming checker (up to `through`, else all); returns new violations."""
-        r = self._reader
-        if r is None or self.app is None:
+        r, src = self._reader, self.source
+        if r is None or src is None:
             return []
         from specscope.tracer.checks import Checker
 
         if self._checker is None:
             self._checker = Checker.for_trace(r)  # as `check` does
         stop = r.num_steps() if through is None else through + 1
-        src = self.app.source
         new: list[Any] = []
         if stop <= self._fed + 1:
             return new
@@ -359,8 +387,7 @@ class LiveController:
             except ConditionError as e:
                 return str(e)
         self._send_breakpoints()
-        if self.app is not None:
-            self.app.notify_line(self.breaks.describe())
+        self._post(LiveNote(self.breaks.describe()))
         return None
 
     def follow_tail(self) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.segment import Segment
@@ -39,8 +39,6 @@ from .streams import fmt_ns
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-    from .app import SpecscopeApp
 
 MODE_SHORT = {"EXTEND": "extend", "DECODE": "decode", "DRAFT_DECODE": "draft", "TARGET_VERIFY": "verify",
               "DRAFT_EXTEND": "d-ext"}
@@ -102,7 +100,7 @@ class StepList(ScrollView, can_focus=True):
     ]
 
     class Picked(Message):
-        """A step was clicked."""
+        """A step was picked: clicked, or paged to (the app shows it)."""
 
         def __init__(self, index: int) -> None:
             super().__init__()
@@ -149,7 +147,9 @@ class StepList(ScrollView, can_focus=True):
         row = max(0, min(self.source.num_steps() - 1, row))
         i = self.source.index_at(row)
         if i is not None:
-            cast("SpecscopeApp", self.app).move_to(i)  # the step list lives only in the specscope app
+            # The cursor moves now, so a second page key before the app handles the message pages on from here.
+            self.set_cursor(row)
+            self.post_message(self.Picked(i))
 
     def render_line(self, y: int) -> Strip:
         """Header on line 0, then one summary per line."""
