@@ -248,7 +248,7 @@ class ModelRunner:
         kv = be.kv_pool.kv_buffer[0][ids.long()]
         snap = self.recorder.snapshot_float
         # At the tensors' own width (a bf16 pool as its raw 16-bit patterns, half the bytes of float32), with the
-        # dtype named in attn_dtype; the torch-free decoder widens exactly (tracer/export/attention_call.py).
+        # dtype named in attn_dtype; the torch-free decoder widens exactly (tracer/attention_call.py).
         bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float64: torch.int64}
         for name, t in (("attn_q", q), ("attn_out", out), ("attn_kv", kv)):
             snap(rec, name, t.view(bits[t.dtype]) if t.dtype in bits else t)
@@ -257,7 +257,7 @@ class ModelRunner:
         snap(rec, "attn_page_ids", ids.to(torch.int32))
         snap(rec, "attn_scaling", torch.tensor([self.model.attention_layers[0].scaling], dtype=torch.float32))
         # The kernel's arguments as forward_decode / forward_extend pass them for this mode, so `replay` and the
-        # differential check re-run one recorded call (fields: tracer/export/attention_call.py CALL_FIELDS).
+        # differential check re-run one recorded call (fields: tracer/attention_call.py CALL_FIELDS).
         n, mode = fb.num_tokens, fb.forward_mode
         mask = None
         if mode in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY):

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..tracer.attention_call import RecordedCall
 from ..tracer.differential import REL_TOL
-from ..tracer.export.attention_call import RecordedCall
 from .reference_attention import ReferenceKernels, gather_kv
 from .spec_mask import packed_causal_mask
 

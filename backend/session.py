@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ..tracer.errors import TraceError
+from ..tracer.live_check import CheckResult, LiveCheck
 from ..tracer.process_writer import ProcessTraceWriter
 from ..tracer.recorder import NullRecorder, Recorder, is_sticky_cuda_error, keep_until_exit
 from ..tracer.schema import RunInfo
@@ -169,11 +171,13 @@ class _Parts:
     control: ControlPoint | None
     engine: Engine | None = None
     ended_by: BaseException | None = None  # what ended the run early (the trace's end record says), None: nothing
+    checker: LiveCheck | None = None  # the live checker beside the writer (a trace with checking on)
 
 
 def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwrite: bool, random_weights: bool,
              control: ControlPoint | None, check: bool, recorder_factory: RecorderFactory) -> _Parts:
-    """Device, models, the cfg's requests, kernels, writer and recorder: everything a run needs but the engine."""
+    """Device, models, the cfg's requests, kernels, writer, recorder and live checker: everything a run needs but
+    the engine."""
     cfg.device = resolve_device(cfg.device)
     cfg.validate()
     dev = torch.device(cfg.device)
@@ -215,13 +219,14 @@ def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwri
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     cap = ".".join(map(str, torch.cuda.get_device_capability(dev))) if dev.type == "cuda" else None
     writer = None
+    checker = None
     recorder: EngineRecorder = NullRecorder()
     if trace_path:
         info = RunInfo(command=command, config=cfg.to_dict(), target_model=str(cfg.model),
                        draft_model=str(cfg.draft) if cfg.spec_steps else None, device=device_name,
                        device_capability=cap, attention_kernel=kernels.name, versions=_versions(dev),
                        git_commit=git_commit(), start_ns=time.time_ns(), hostname=socket.gethostname())
-        writer = ProcessTraceWriter(trace_path, info, overwrite=overwrite, check=check)
+        writer = ProcessTraceWriter(trace_path, info, overwrite=overwrite)
         try:
             recorder = recorder_factory(writer, dev)
         except RuntimeError as e:  # no device stamps on this GPU / driver: say so, leave no empty trace behind
@@ -229,10 +234,30 @@ def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwri
             with contextlib.suppress(OSError):
                 os.remove(trace_path)
             raise ConfigError(f"cannot record on {device_name}: {e} (--no-trace runs without recording)") from e
+        if check:  # the writer has created the trace: the checker follows it from its first step
+            checker = LiveCheck(trace_path)
     if control is not None:
         recorder = ControlledRecorder(recorder, control)
     return _Parts(cfg, trace_path, target, draft, tcfg, byte_level, stops, requests, kernels, device_name, writer,
-                  recorder, control)
+                  recorder, control, checker=checker)
+
+
+def _close_trace(parts: _Parts) -> None:
+    """Close the recorder (and with it the writer), then wait for the live checker's last verdicts: it checks up
+    to the last step the writer committed. A writer's error is the one raised; a checker's, only without one."""
+    checker = parts.checker
+    try:
+        parts.recorder.close(parts.ended_by, stopped=isinstance(parts.ended_by, RunStopped))
+    except BaseException as e:
+        if checker is not None:
+            if isinstance(e, TraceError):  # the writer failed: the verdicts on what it committed still land
+                with contextlib.suppress(TraceError):
+                    checker.finish()
+            else:  # Ctrl-C or a failure before the writer closed: nobody waits; it checks what is there and exits
+                checker.abort()
+        raise
+    if checker is not None:
+        checker.finish()
 
 
 @contextlib.contextmanager
@@ -251,7 +276,7 @@ def _engine_scope(parts: _Parts) -> Iterator[Engine]:
     finally:
         # Everything recorded so far reaches the file even when the run fails part-way, with how it ended: a stop
         # the viewer asked for, Ctrl-C, a CUDA error or another exception (the recorder's end record).
-        parts.recorder.close(parts.ended_by, stopped=isinstance(parts.ended_by, RunStopped))
+        _close_trace(parts)
         if parts.control is not None:
             parts.control.close()
 
@@ -275,6 +300,12 @@ class OpenSession:
     def stats(self) -> RunStats:
         """The statistics of the latest (or current, or stopped) run."""
         return self.engine.stats
+
+    @property
+    def check_result(self) -> CheckResult | None:
+        """The live checker's summary once the session closed (None: no trace, checking off, or still open)."""
+        checker = self._parts.checker
+        return None if checker is None else checker.result
 
     def run(self, requests: list[Request], progress: Callable[[int, int], None] | None = None) -> RunStats:
         """Serve `requests` to completion on this engine with a fresh RunStats, which is returned.
@@ -332,8 +363,9 @@ def open_session(cfg: EngineConfig, trace_path: str | None, *, command: str, ove
                  check: bool = True, recorder: RecorderFactory = Recorder) -> Iterator[OpenSession]:
     """Build `cfg`'s engine once (device, models, the cfg's requests, kernels, trace writer, recorder, CUDA
     graphs) and yield it as an OpenSession that runs workloads in turn; on exit the trace is closed (the live
-    checker's verdict is then on `writer.check_result`) and the control point hung up. `recorder` makes the
-    trace's recorder from its writer and the device (with a trace only)."""
+    checker's verdict is then on `check_result`) and the control point hung up. `check` starts the live checker
+    beside the writer (tracer/live_check.py) when there is a trace. `recorder` makes the trace's recorder from its
+    writer and the device (with a trace only)."""
     parts = _prepare(cfg, trace_path, command=command, overwrite=overwrite, random_weights=random_weights,
                      control=control, check=check, recorder_factory=recorder)
     with _session(parts) as session:
@@ -346,8 +378,9 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
                 recorder: RecorderFactory = Recorder) -> SessionResult:
     """Run `cfg` end to end, recording into `trace_path` (no trace when None); `control` lets a live viewer
     pause the engine after each recorded step (backend/control.py); `check` runs the invariant catalogue beside
-    the writer (a separate process, tracer/live_check.py), so the trace carries its violations; `recorder` makes
-    the trace's recorder from its writer and the device (the tracer's Recorder unless a caller hands in another)."""
+    the writer (a separate process the session starts and finishes, tracer/live_check.py), so the trace carries
+    its violations; `recorder` makes the trace's recorder from its writer and the device (the tracer's Recorder
+    unless a caller hands in another)."""
     parts = _prepare(cfg, trace_path, command=command, overwrite=overwrite, random_weights=random_weights,
                      control=control, check=check, recorder_factory=recorder)
     # open_session's two halves, kept apart so a stop during graph capture still has the workload to report.
@@ -360,6 +393,6 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
                 stats = session.stats
     except RunStopped:
         stats = RunStats()  # stopped during graph capture, before the engine was built: a clean end too
-    cr = None if parts.writer is None else parts.writer.check_result
+    cr = None if parts.checker is None else parts.checker.result
     verdict = None if cr is None else (cr.checked_through, cr.num_errors, cr.num_warnings)
     return SessionResult(stats, parts.requests, trace_path, parts.device_name, parts.kernels.name, verdict)

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from specscope.tracer.export import kv_delta
-from specscope.tracer.export.attention_call import DTYPE_ARRAY, recorded_dtype, widen
+from specscope.tracer import kv_bases
+from specscope.tracer.attention_call import DTYPE_ARRAY, recorded_dtype, widen
 from specscope.tracer.export.bundle import bundle_steps, write_bundle
 from specscope.tracer.reader import TraceReader
 from specscope.tracer.writer import TraceWriter
@@ -116,7 +116,7 @@ def main() -> int:
         m = write_bundle(r2, out, 0, None, delta_kv=False)
         sizes["before"] = {"bytes": os.path.getsize(out), "kv_full_bytes": m["kv_full_bytes"],
                            "num_steps": m["num_steps"], "attention_steps": len(m["attention_steps"])}
-    kv_delta._cache.clear()
+    kv_bases.clear_cache()
     res["bundles"] = sizes
     res["load_after"] = os.getloadavg()
     for name in ("before", "width only", "after"):

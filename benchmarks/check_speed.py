@@ -7,14 +7,16 @@ The trace is a real clean CPU run of the embedded models (batch 8, 3 draft steps
 on) tiled to `--steps` steps: each copy shifts step indexes, iterations and request ids, so every relation across
 steps (committed lengths, committed pages, one iteration's agreement) sees a fresh run of requests, and captures
 stay at the front. Both checkers feed the same in-memory steps (reading is common to both and left out, so the
-ratio is the checker's own); rounds alternate base and new. The base checker is `git show BASE:tracer/checks.py`
-loaded as a module of the installed package beside the current one.
+ratio is the checker's own); rounds alternate base and new. The base checker is the catalogue at BASE (`git show`
+of tracer/checks.py, or of the package tracer/checks/) loaded as a module of the installed package beside the
+current one.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -63,13 +65,33 @@ def tile(steps: list[Step], n: int) -> list[Step]:
 
 
 def base_checker(rev: str) -> Any:
-    """The `Checker` class of tracer/checks.py at `rev`, loaded beside the current one."""
-    src = subprocess.run(["git", "show", f"{rev}:tracer/checks.py"], capture_output=True, text=True, check=True).stdout
-    mod = types.ModuleType("specscope.tracer._checks_base")
-    mod.__package__ = "specscope.tracer"  # its relative imports resolve against the installed package
-    sys.modules[mod.__name__] = mod
-    exec(compile(src, f"{rev}:tracer/checks.py", "exec"), mod.__dict__)  # noqa: S102 - the repository's own code
-    return mod.Checker
+    """The `Checker` class of the catalogue at `rev` (the module tracer/checks.py, or the package tracer/checks/),
+    loaded as `specscope.tracer._checks_base` beside the current one: its relative imports resolve against the
+    installed package."""
+    def show(path: str) -> str:
+        return subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True, check=True).stdout
+
+    listing = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:tracer/checks"], capture_output=True,
+                             text=True)
+    name = "specscope.tracer._checks_base"
+    if listing.returncode != 0:  # a single module
+        mod = types.ModuleType(name)
+        mod.__package__ = "specscope.tracer"
+        sys.modules[name] = mod
+        exec(compile(show("tracer/checks.py"), f"{rev}:tracer/checks.py", "exec"), mod.__dict__)  # noqa: S102
+        return mod.Checker
+    folder = tempfile.mkdtemp(prefix="checks_base_")
+    for f in listing.stdout.split():
+        if f.endswith(".py"):
+            with open(os.path.join(folder, f), "w") as out:
+                out.write(show(f"tracer/checks/{f}"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
+                                                  submodule_search_locations=[folder])
+    assert spec is not None and spec.loader is not None
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules[name] = pkg
+    spec.loader.exec_module(pkg)
+    return pkg.Checker
 
 
 def timed(checker: Callable[..., Any], run: RunInfo, steps: list[Step]) -> tuple[float, int]:

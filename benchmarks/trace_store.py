@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import zstandard
+from specscope.tracer.live_check import LiveCheck
 from specscope.tracer.process_writer import ProcessTraceWriter, raw_from_step
 from specscope.tracer.query import StepFilter
 from specscope.tracer.schema import (
@@ -215,9 +216,11 @@ def write_once(args: argparse.Namespace, path: str, writer_kind: str, steps: int
     numbers measure the store, not this script's step generator."""
     gen = Workload(seed=args.seed).steps()
     if writer_kind == "process":
-        writer: Any = ProcessTraceWriter(path, run_info(args), check=check)
+        writer: Any = ProcessTraceWriter(path, run_info(args))
     else:
         writer = TraceWriter(path, run_info(args), threaded=writer_kind == "thread")
+    # The live checker, as `specscope run` starts it: beside the writer, once the trace exists.
+    live = LiveCheck(path) if check and writer_kind == "process" else None
     wall = cpu = 0.0
     done = 0
     child_cpu0 = _children_cpu()
@@ -241,7 +244,9 @@ def write_once(args: argparse.Namespace, path: str, writer_kind: str, steps: int
             wall += time.perf_counter() - t
             cpu += time.process_time() - c
             t = time.perf_counter()
-            writer.close()  # checkpoint, and with check=True: wait for the checker's last verdicts
+            writer.close()  # checkpoint
+            if live is not None:
+                live.finish()  # the checker's last verdicts
             close_s = time.perf_counter() - t
             t = c = None
         if t is not None:
@@ -258,8 +263,8 @@ def write_once(args: argparse.Namespace, path: str, writer_kind: str, steps: int
         "file_bytes": os.path.getsize(path), "bytes_per_step": round(os.path.getsize(path) / steps, 1),
         "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }  # fmt: skip
-    if check and writer_kind == "process":
-        res["check_result"] = dataclasses.asdict(writer.check_result) if writer.check_result else None
+    if live is not None:
+        res["check_result"] = dataclasses.asdict(live.result) if live.result else None
     return res
 
 
@@ -450,7 +455,7 @@ def markdown(res: dict, note: str) -> str:
     chk = res.get("with_checker")
     chk_text = ""
     if chk:
-        chk_text = (f"\nWith the live checker on (`ProcessTraceWriter(..., check=True)`, {chk['steps']:,} steps): "
+        chk_text = (f"\nWith the live checker on (`LiveCheck` beside the process writer, {chk['steps']:,} steps): "
                     f"{chk['write_steps_per_s']:,.0f} steps/s until every step was committed, then "
                     f"{chk['close_s']} s in `close()` for the checker to finish its last verdicts "
                     f"({chk.get('check_result')}).\n")

@@ -151,13 +151,13 @@ def run_cell(bench: Bench, p: Preset, bs: int, rounds: int, plan_stream: bool, t
                 if f is not None:
                     flush.append(f)
         ops = _check_ops(bench)
-        writers = {a: arms[a].writer for a in ("on", "onB") if a in arms}
+        traced = {a: arms[a] for a in ("on", "onB") if a in arms}
     # Leaving open_arms closed the traces: the live checker's verdict on every traced round is in.
-    for a, writer in writers.items():
-        cr = writer.check_result if writer is not None else None
+    for a, session in traced.items():
+        cr = session.check_result
         checks[a] = None if cr is None else dict(checked_through=cr.checked_through, errors=cr.num_errors,
                                                  warnings=cr.num_warnings)
-    del arms, writers
+    del arms, traced
     gc.collect()
     if bench.device == "cuda":
         bench.torch.cuda.empty_cache()

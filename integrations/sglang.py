@@ -91,7 +91,7 @@ _WRAPPER_METHODS = ("init_forward_metadata", "init_forward_metadata_out_graph", 
                     "init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph")
 FIXUP = "update_verify_buffers_to_fill_after_draft"
 IN_GRAPH = "init_forward_metadata_in_graph"
-# The text the checker reads in run.config["not_recorded"]["replay_metadata"] (agreed with tracer/checks.py).
+# The text the checker reads in run.config["not_recorded"]["replay_metadata"] (agreed with tracer/checks/).
 REPLAY_METADATA_IN_GRAPH = "computed inside the graph (SGLang 0.5.15+)"
 # Server args that shape attention and speculation, by the names any release 0.5.12 ... 0.5.23 gives them (0.5.2x
 # splits the CUDA-graph flags per phase); only those the server's args object has are recorded.

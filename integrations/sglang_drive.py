@@ -30,8 +30,10 @@ from ..backend.memory import KVPool, PageAllocator, ReqToTokenPool, RequestKV
 from ..tracer.schema import ForwardMode
 from . import sglang as ss
 from .sglang_driver import UpstreamGraphRunner, specscope_batch, upstream_batch
-from .sglang_loader import SglangNotFound, UpstreamSglang, load_upstream, make_model_runner
-from .sglang_parity import snapshot
+from .sglang_loader import UpstreamSglang, load_upstream
+from .sglang_package import SglangNotFound
+from .sglang_parity_compare import snapshot
+from .sglang_stand_ins import make_model_runner
 
 
 def drive(up: UpstreamSglang, trace: str | os.PathLike[str] | None, *, K: int = 4, T: int | None = None,

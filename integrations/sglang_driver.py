@@ -36,7 +36,8 @@ import torch
 from ..backend.forward_batch import ForwardBatch
 from ..backend.memory import KVPool, ReqToTokenPool
 from ..tracer.schema import ForwardMode
-from .sglang_loader import UpstreamBatch, UpstreamSglang
+from .sglang_loader import UpstreamSglang
+from .sglang_stand_ins import UpstreamBatch
 
 
 @dataclass

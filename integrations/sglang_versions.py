@@ -21,7 +21,7 @@ TESTED_RELEASES: tuple[str, ...] = (
     "0.5.23",
 )  # fmt: skip
 
-# The compared metadata fields of `TRTLLMMHAMetadata` that not every release has (sglang_parity.FIELDS).
+# The compared metadata fields of `TRTLLMMHAMetadata` that not every release has (sglang_parity_compare.FIELDS).
 OPTIONAL_FIELDS: tuple[str, ...] = ("max_seq_len_k",)
 
 

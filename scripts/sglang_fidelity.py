@@ -21,18 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specscope.integrations.sglang_drive import drive
-from specscope.integrations.sglang_loader import SglangNotFound, UpstreamSglang, load_upstream
-from specscope.integrations.sglang_parity import (
-    ALL_MODES,
-    GRAPH_MODES,
-    MUTATIONS,
-    PHASES,
-    Comparison,
-    mutation_effect,
-    parity_table_body,
-    sweep,
-    sweep_header,
-)
+from specscope.integrations.sglang_loader import UpstreamSglang, load_upstream
+from specscope.integrations.sglang_package import SglangNotFound
+from specscope.integrations.sglang_parity import parity_table_body, sweep, sweep_header
+from specscope.integrations.sglang_parity_compare import Comparison
+from specscope.integrations.sglang_parity_harness import ALL_MODES, GRAPH_MODES, PHASES
+from specscope.integrations.sglang_parity_mutations import MUTATIONS, mutation_effect
 from specscope.integrations.sglang_versions import TESTED_RELEASES
 from specscope.tracer.checks import check_steps
 from specscope.tracer.schema import Severity
@@ -81,7 +75,7 @@ class ReleaseResult:
     version: str
     up: UpstreamSglang
     cmps: list[Comparison]
-    mutations_caught: int  # faults the comparison sees exactly (sglang_parity.mutation_effect)
+    mutations_caught: int  # faults the comparison sees exactly (sglang_parity_mutations.mutation_effect)
     drives: list[DriveResult]
     sweep_s: float
     total_s: float
@@ -218,7 +212,7 @@ and the list of every place where it is deliberately different. It is written by
   address are the ones bound at capture (`reuses_capture_tensors`). A field a release does not have is
   compared as absent, never given a value.
 - The comparison itself is checked by mutation: each of our injected faults must differ from upstream in
-  exactly the fields it corrupts (`sglang_parity.MUTATIONS`; fields a release lacks drop out):
+  exactly the fields it corrupts (`sglang_parity_mutations.MUTATIONS`; fields a release lacks drop out):
 
   | fault (in our backend) | fields that differ from upstream |
   |---|---|
@@ -250,9 +244,9 @@ SUMMARY_NOTES = """
   field of every forward.
 - **mutation checks caught**: the injected faults that differ from upstream in exactly their fields. On 0.5.12,
   whose upstream already differs unmutated, each fault is compared with the unmutated run of the same batches
-  (`sglang_parity.mutation_effect`): it must add its fields wherever upstream did not already differ and change
-  nothing outside its cells; `max-seq-len-q-override` and `zero-cache-seqlens-at-capture` re-create PR #27495's
-  and PR #26521's bugs, so there they make ours equal to 0.5.12.
+  (`sglang_parity_mutations.mutation_effect`): it must add its fields wherever upstream did not already differ
+  and change nothing outside its cells; `max-seq-len-q-override` and `zero-cache-seqlens-at-capture` re-create
+  PR #27495's and PR #26521's bugs, so there they make ours equal to 0.5.12.
 - **drive steps / check**: `sglang_drive` with K=4 and T=4, then the seed bug's runner built for T=2 (6
   iterations, plan stream on where the backend has its fix-up hook). On 0.5.12 the catalogue catches PR #27495's
   line (`max_seq_len_q = speculative_num_draft_tokens` in target verify, I6 with I3, I5, I12, I13) and PR #26521's

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from .export.attention_call import recorded_call
+from .attention_call import recorded_call
+from .kv_bases import KvFetch
 from .schema import ForwardMode, Severity, Step, Violation
 
 REL_TOL = 2e-2  # bf16 kernels land near 3e-3; a wrong KV window or page lands far above
@@ -57,12 +58,15 @@ class _Pages:
         return kv[0], kv[1]
 
 
-def diff_step(step: Step) -> Iterator[tuple[str, int, int, float]]:
-    """(check id, row, request id, rel. error) for every live row of a sampled step."""
+def diff_step(step: Step, fetch: KvFetch | None = None) -> Iterator[tuple[str, int, int, float]]:
+    """(check id, row, request id, rel. error) for every live row of a sampled step.
+
+    `fetch(i)` reads step i of the same trace (`TraceReader.kv_base`), for a bundle's delta-coded KV pages read out
+    of order; without it they resolve from the calls decoded just before (a sequential read)."""
     a = {x.name: x.values for x in step.arrays}
     if "attn_q" not in a:
         return
-    call = recorded_call(step)  # the one recorded call `specscope replay` re-runs (tracer/export/attention_call.py)
+    call = recorded_call(step, fetch)  # the one recorded call `specscope replay` re-runs (tracer/attention_call.py)
     p = call.page_size
     q = call.q.astype(np.float64)
     out = call.out.astype(np.float64)
@@ -99,10 +103,12 @@ def diff_step(step: Step) -> Iterator[tuple[str, int, int, float]]:
         yield "D2", b, r.request_id, _rel(out[t0:t0 + tn], want)
 
 
-def differential_check(steps: Iterable[Step], tol: float = REL_TOL) -> Iterator[Violation]:
-    """Violations D1 / D2 for sampled steps whose recomputed attention disagrees with the kernel's output."""
+def differential_check(steps: Iterable[Step], tol: float = REL_TOL, *,
+                       fetch: KvFetch | None = None) -> Iterator[Violation]:
+    """Violations D1 / D2 for sampled steps whose recomputed attention disagrees with the kernel's output (`fetch`:
+    as for `diff_step`)."""
     for step in steps:
-        for cid, b, rid, err in diff_step(step):
+        for cid, b, rid, err in diff_step(step, fetch):
             # NaN > tol is False: a non-finite difference is a mismatch, never a pass.
             if not err <= tol:
                 what = ("the kernel's output differs from attention over the metadata it was given" if cid == "D1"

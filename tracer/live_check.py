@@ -5,10 +5,13 @@ catalogue (`checks.Checker.feed`, which keeps the capture/replay state), and wri
 batches with source "check" together with meta `checked_through` (one short transaction per batch, so the
 writer's commits never wait long for it). It runs at a lower CPU priority than the engine and the writer.
 
-It stops once the run is over: end of its stdin (its parent, `ProcessTraceWriter`, closes it after the
-writer closed, or died) and every committed step checked, or the trace closed by its writer. On the way
-out it prints one line, `checked THROUGH ERRORS WARNINGS`. Started on a finished trace it checks it whole,
-replacing earlier "check" verdicts (what `specscope check --write` does).
+It stops once the run is over: end of its stdin (its parent closes it after the writer closed, or died) and
+every committed step checked, or the trace closed by its writer. On the way out it prints one line,
+`checked THROUGH ERRORS WARNINGS`. Started on a finished trace it checks it whole, replacing earlier "check"
+verdicts (what `specscope check --write` does).
+
+`LiveCheck` is the parent's side: whoever runs the recording (`backend/session.py`) starts it once the writer has
+created the trace and finishes it once the writer has closed; the writer itself only writes.
 """
 
 from __future__ import annotations
@@ -18,11 +21,15 @@ import os
 import select
 import signal
 import sqlite3
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from . import tables
+from .child_process import StatusLines, death, pipe
 from .errors import TraceError
 from .reader import TraceReader
 from .schema import Severity, Violation
@@ -31,6 +38,7 @@ from .writer import connect_rw, settle
 SOURCE = "check"
 CHUNK = 64  # steps checked per verdict transaction
 QUIET_S = 2.0  # after the parent is gone: a trace that has not grown for this long is complete
+CHECK_TIMEOUT_S = 900.0  # the checker may lag a fast run; it gets this long after the writer closed
 
 
 class LiveChecker:
@@ -157,6 +165,74 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"checked {lc.done} {lc.num_errors} {lc.num_warnings}", flush=True)
     return 0
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What the live checker reported when it finished."""
+
+    checked_through: int  # last step index checked (-1: none)
+    num_errors: int
+    num_warnings: int
+
+
+class LiveCheck:
+    """The live checker of one trace, as a child process beside the run that writes it.
+
+    Start it once the trace exists (its writer has created it: the checker opens it at once); `finish()` it once
+    the writer has closed, which waits until the last committed step is checked and keeps the summary in
+    `result`."""
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = CHECK_TIMEOUT_S) -> None:
+        self.path = os.fspath(path)
+        self.timeout = timeout
+        self.result: CheckResult | None = None
+        self._err = tempfile.TemporaryFile()
+        # A session of its own: a terminal's Ctrl-C must not reach it before it can ignore SIGINT (the engine
+        # ends the run and then waits for its last verdicts); it still exits when our pipe closes.
+        self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [sys.executable, "-m", "specscope.tracer.live_check", self.path], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._err, start_new_session=True)
+
+    def finish(self) -> None:
+        """Tell the checker the run is over and wait for its last verdicts (`result`); TraceError if it failed or
+        took longer than `timeout`. Call it after the writer closed; a second call does nothing."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._proc = None
+        try:
+            pipe(proc.stdin).close()
+        except OSError:
+            pass
+        lines = StatusLines(proc)
+        last = ""
+        try:
+            while True:
+                line = lines.readline(self.timeout)
+                if line is None:
+                    break
+                last = line
+        except TimeoutError:
+            proc.kill()
+            proc.wait()
+            raise TraceError(f"the trace checker did not finish within {self.timeout:.0f} s after the run",
+                             self.path) from None
+        rc = proc.wait()
+        parts = last.split()
+        if rc == 0 and len(parts) == 4 and parts[0] == "checked":
+            self.result = CheckResult(int(parts[1]), int(parts[2]), int(parts[3]))
+            return
+        raise TraceError(death(proc, self._err, "the trace checker"), self.path)
+
+    def abort(self) -> None:
+        """Tell the checker the run is over without waiting (it checks what was committed, then exits)."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                pipe(proc.stdin).close()
+            except OSError:
+                pass
 
 
 if __name__ == "__main__":

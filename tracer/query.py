@@ -1,33 +1,21 @@
-"""The reader's query API for viewers: step summaries, searches, spans, request histories, captures, live follow.
+"""The vocabulary of the reader's query API for viewers: what a search or a violation list asks for (`StepFilter`,
+`ViolationFilter`), what binned overviews return (`StepBins`, `SpanBins`), the fields a condition sees, and
+`StepIndex`, which maps a trace's step indexes to row positions.
 
-Everything here is torch-free and answers from the trace's queryable tables (docs/trace-format.md, "Reader
-API"), so a viewer never decodes step bodies it does not show. `TraceReader` inherits `QueryMixin`.
-
-This module defines the contract the TUI, the dashboard and the exports build on; keep signatures stable.
+The queries themselves run in `trace_queries.py`, `violation_queries.py` and `step_aggregates.py`, which
+`TraceReader` owns. This module defines the contract the TUI, the dashboard and the exports build on; keep
+signatures stable.
 """
 
 from __future__ import annotations
 
 import bisect
 import re
-import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .schema import (
-    FaultReport,
-    ForwardMode,
-    GraphPhase,
-    RequestRow,
-    Severity,
-    SpanRow,
-    Step,
-    StepSummary,
-)
-
-if TYPE_CHECKING:
-    from .condition import Condition
+from .schema import ForwardMode, GraphPhase, Severity, StepSummary
 
 _MODES = {m.value: m.value for m in ForwardMode} | {
     "VERIFY": "TARGET_VERIFY", "DRAFT": "DRAFT_DECODE", "PREFILL": "EXTEND",
@@ -156,184 +144,6 @@ def summary_fields(s: StepSummary) -> dict[str, Any]:
     return d
 
 
-class QueryMixin:
-    """Viewer queries over a trace. The methods below are the public contract; `_q_*` hooks are internal."""
-
-    # Provided by TraceReader, which overrides every one of these.
-    def num_steps(self) -> int:
-        raise NotImplementedError
-
-    def step(self, i: int, arrays: Iterable[str] | None = None) -> Step:
-        raise NotImplementedError
-
-    def is_dense(self) -> bool:
-        raise NotImplementedError
-
-    def last_index(self) -> int | None:
-        raise NotImplementedError
-
-    def step_indexes(self, start: int = 0, stop: int | None = None) -> list[int]:
-        raise NotImplementedError
-
-    def steps_text(self) -> str:
-        raise NotImplementedError
-
-    def is_closed(self) -> bool:
-        raise NotImplementedError
-
-    # -- summaries and searches ------------------------------------------------------------------
-
-    def summaries(self, start: int = 0, stop: int | None = None, filter: StepFilter | None = None) -> list[StepSummary]:
-        """Summary rows with start <= index < stop (all steps when stop is None) that match `filter`, by index."""
-        return list(self.iter_summaries(start, stop, filter))
-
-    def iter_summaries(
-        self, start: int = 0, stop: int | None = None, filter: StepFilter | None = None, *, backward: bool = False
-    ) -> Iterator[StepSummary]:
-        """Like `summaries`, streamed in batches; `backward` walks from stop-1 down to start."""
-        cond = None if filter is None or filter.condition is None else _parse(filter.condition)
-        prev_by_kind: dict[tuple[str, str], StepSummary] = {}
-        prev: StepSummary | None = None
-        needs_prev = filter is not None and (filter.bs_change or (filter.condition is not None and "prev" in
-                                                                    filter.condition))
-        # With a filter that SQL applies, the walk skips steps, so the row before in the walk is not the step
-        # before in the trace: then the previous steps are looked up.
-        restricted = filter is not None and any(
-            v not in (None, False) for v in (filter.mode, filter.model, filter.graph, filter.iteration,
-                                             filter.request_id, filter.check_id, filter.severity,
-                                             filter.has_violation))  # fmt: skip
-        for s in self._q_summary_rows(start, stop, filter, backward=backward):
-            if needs_prev:
-                p, pk = self._q_previous(s, backward or restricted, prev, prev_by_kind)
-            else:
-                p = pk = None
-            prev = s
-            prev_by_kind[(s.model, s.mode.value)] = s
-            if filter is not None and filter.bs_change and (pk is None or pk.batch_size == s.batch_size):
-                continue
-            if cond is not None and not cond.evaluate(summary_fields(s), None if p is None else summary_fields(p)):
-                continue
-            yield s
-
-    def _q_previous(self, s: StepSummary, look_up: bool, prev: StepSummary | None,
-                    prev_by_kind: dict[tuple[str, str], StepSummary]) -> tuple[StepSummary | None, StepSummary | None]:
-        # `prev` in a condition is the step just before in the trace, whatever the walk direction; `pk` the last
-        # step of the same model and mode before it. A forward walk over every step knows both, except for the
-        # first rows of the walk (and of each kind), which are looked up.
-        # A trace whose indexes skip (a bundle: its steps keep the original run's numbers) knows nothing of the
-        # steps in a gap, so neither is taken from across one: `prev` is the step at index - 1 or none (a condition
-        # on it is then false, as at the first step), and `pk` only counts with no step missing in between.
-        kind = (s.model, s.mode.value)
-        p = prev if not look_up and prev is not None and prev.index == s.index - 1 else None
-        if p is None and s.index > 0:
-            p = next(iter(self._q_summary_rows(s.index - 1, s.index, None)), None)
-        pk = None if look_up else prev_by_kind.get(kind)
-        if pk is None and s.index > 0:
-            f = StepFilter(mode=s.mode.value, model=s.model)
-            pk = next(iter(self._q_summary_rows(0, s.index, f, backward=True)), None)
-        if pk is not None and not self._q_contiguous(pk.index, s.index):
-            pk = None
-        return p, pk
-
-    def _q_contiguous(self, a: int, b: int) -> bool:
-        # Every index a..b is present: free for a dense trace (every recorded one), one count query otherwise.
-        if self.is_dense():
-            return True
-        return len(self.step_indexes(a, b + 1)) == b - a + 1
-
-    def summary(self, i: int) -> StepSummary:
-        """The summary row of step `i` (TraceIndexError when absent)."""
-        rows = self.summaries(i, i + 1)
-        if not rows:
-            from .errors import TraceIndexError
-
-            raise TraceIndexError(f"has no step {i} ({self.steps_text()})", getattr(self, "display_path", None))
-        return rows[0]
-
-    def find_steps(
-        self, filter: StepFilter | str, after: int = -1, limit: int | None = 1, *, backward: bool = False
-    ) -> list[int]:
-        """Indexes of matching steps: forward, the first `limit` with index > after (ascending); with
-        `backward=True`, the last `limit` with index < after (descending). `limit=None` means all."""
-        f = StepFilter.parse(filter) if isinstance(filter, str) else filter
-        if backward:
-            rows = self.iter_summaries(0, max(after, 0), f, backward=True)
-        else:
-            rows = self.iter_summaries(after + 1, None, f)
-        out: list[int] = []
-        for s in rows:
-            out.append(s.index)
-            if limit is not None and len(out) >= limit:
-                break
-        return out
-
-    # -- spans, requests, captures ---------------------------------------------------------------
-
-    def spans(
-        self, t0_ns: int | None = None, t1_ns: int | None = None, *, steps: tuple[int, int] | None = None
-    ) -> list[SpanRow]:
-        """Stream spans overlapping [t0_ns, t1_ns) (either bound may be None), or of the steps in
-        [steps[0], steps[1]) when `steps` is given; ordered by start time."""
-        return self._q_spans(t0_ns, t1_ns, steps)
-
-    def request_history(self, request_id: int) -> list[RequestRow]:
-        """Every step row of one request, in step order."""
-        return self._q_request_rows(request_id)
-
-    def capture_of(self, step: int) -> int | None:
-        """For a replay step, the index of the capture its graph came from (the last capture of the same model,
-        mode, draft step and padded batch size before it); for a capture, itself; None otherwise."""
-        s = self.summary(step)
-        if s.graph == GraphPhase.CAPTURE:
-            return s.index
-        if s.graph != GraphPhase.REPLAY:
-            return None
-        return self._q_capture(s)
-
-    def fault_report(self) -> list[FaultReport]:
-        """For each fault the run injected (run.config["faults"]): how often it fired and first where."""
-        return self._q_fault_report()
-
-    def checked_through(self) -> int | None:
-        """The last step index whose violations the catalogue has written (-1: none yet), or None when the
-        trace was never checked (a v1 trace, or one recorded with checking off)."""
-        return self._q_checked_through()
-
-    # -- live traces -----------------------------------------------------------------------------
-
-    def wait_for_steps(self, after: int, timeout: float) -> int:
-        """Block until a step with index > `after` is committed, the writer closes the trace, or `timeout`
-        seconds pass; returns `num_steps()`."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        while True:
-            n = self.num_steps()
-            last = self.last_index()  # an index, not the count: a bundle's indexes start late and skip
-            if (last is not None and last > after) or self.is_closed() or time.monotonic() >= deadline:
-                return n
-            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
-
-    # -- internal hooks, implemented by TraceReader --------------------------------------------------
-
-    def _q_summary_rows(self, start: int, stop: int | None, filter: StepFilter | None, *,
-                        backward: bool = False) -> Iterable[StepSummary]:
-        raise NotImplementedError
-
-    def _q_spans(self, t0: int | None, t1: int | None, steps: tuple[int, int] | None) -> list[SpanRow]:
-        raise NotImplementedError
-
-    def _q_request_rows(self, request_id: int) -> list[RequestRow]:
-        raise NotImplementedError
-
-    def _q_capture(self, s: StepSummary) -> int | None:
-        raise NotImplementedError
-
-    def _q_fault_report(self) -> list[FaultReport]:
-        raise NotImplementedError
-
-    def _q_checked_through(self) -> int | None:
-        raise NotImplementedError
-
-
 def index_runs(indexes: Sequence[int]) -> list[tuple[int, int]]:
     """Ascending indexes as runs of consecutive ones, (first, last) inclusive: [2, 5, 6, 7] -> [(2, 2), (5, 7)]."""
     runs: list[tuple[int, int]] = []
@@ -352,6 +162,22 @@ def index_runs_text(indexes: Sequence[int], max_runs: int = 8) -> str:
     return ", ".join(parts) + (", …" if len(runs) > max_runs else "") if parts else "none"
 
 
+class StepSource(Protocol):
+    """What `StepIndex` reads of a trace (a `TraceReader` is one)."""
+
+    def num_steps(self) -> int:
+        """Steps committed right now."""
+        ...
+
+    def is_dense(self) -> bool:
+        """True when index == position for every step."""
+        ...
+
+    def step_indexes(self, start: int = 0, stop: int | None = None) -> list[int]:
+        """The indexes of the steps with start <= index < stop, ascending."""
+        ...
+
+
 class StepIndex:
     """Positions 0..n-1 of a trace's steps <-> their indexes, for viewers that lay steps out in rows.
 
@@ -359,7 +185,7 @@ class StepIndex:
     indexes (its range, plus the captures it adds before it), so it skips. `refresh` follows a growing trace
     (indexes only grow). Lookups never query: they read the list `refresh` keeps."""
 
-    def __init__(self, reader: QueryMixin) -> None:
+    def __init__(self, reader: StepSource) -> None:
         self.reader = reader
         self._n = 0
         self._idx: list[int] | None = None  # None while dense: position p is index p
@@ -470,16 +296,10 @@ class StepIndex:
         return "steps " + index_runs_text(self._idx[: self._n])
 
 
-def _parse(text: str) -> Condition:
-    from .condition import parse_condition
-
-    return parse_condition(text)
-
-
 def severity_of(name: str) -> Severity:
     """`Severity` from its value."""
     return Severity(name)
 
 
-__all__ = ["QueryMixin", "SpanBins", "StepBins", "StepFilter", "StepIndex", "ViolationFilter", "index_runs",
+__all__ = ["SpanBins", "StepBins", "StepFilter", "StepIndex", "StepSource", "ViolationFilter", "index_runs",
            "index_runs_text", "summary_fields", "replace"]

@@ -10,7 +10,7 @@ With tracing off the engine uses `NullRecorder`, whose methods do nothing.
 
 What the engine records are facts, never verdicts: spans (stream, documented name, start/end ns), the wait
 edges it really enqueued (`StreamWait`), calls that raised (`CallError`, message verbatim) and, for fault
-accounting only, the injected faults that changed a step. Only `tracer/checks.py` turns facts into violations.
+accounting only, the injected faults that changed a step. Only `tracer/checks/` turns facts into violations.
 """
 
 from __future__ import annotations

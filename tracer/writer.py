@@ -5,7 +5,7 @@ Two ways to run it, one encoder:
 - `threaded=True` (default, for callers in a process that does other work): one worker thread encodes
   each step (rows, body, new blobs), compresses it and commits. The input queue is bounded, so a slow
   disk blocks `write_step` (backpressure) instead of dropping steps or growing memory.
-- `threaded=False` (the writer child process, `process_writer.py`): `write_step` encodes on the caller's
+- `threaded=False` (the writer child process, `process_writer_child.py`): `write_step` encodes on the caller's
   thread and the caller decides when to commit (`commit()`); the child commits whenever its input pipe
   is momentarily empty. The child has no thread of its own: it would be one asynchronous boundary too many,
   every step paying two thread hand-offs and the GIL ping-pong between reader and worker.
@@ -19,7 +19,6 @@ half-written, and a crash loses only the steps not committed yet.
 from __future__ import annotations
 
 import atexit
-import collections
 import dataclasses
 import json
 import os
@@ -31,19 +30,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from . import codec, tables
 from .batch_queue import BatchQueue
+from .blob_refs import BlobRefs
 from .errors import TraceError
 from .schema import END_STATE_KEY, EndState, RequestRecord, RunInfo, Step, Violation
 
-_SEEN_DIGESTS = 8192  # blobs the encoder knows are stored; page tables repeat across nearby steps
-# A changed page table is compressed against the last stand-alone version of the same array (a "key"),
-# and every KEY_INTERVAL-th version is a new key. Bases are always keys, so a random read decodes at most
-# one base per array, and a damaged key spoils at most KEY_INTERVAL versions.
-KEY_INTERVAL = 16
-COMPARE_MAX_BYTES = 1 << 20  # blob_ref compares arrays up to this size by bytes with the previous step's
 _WAL_AUTOCHECKPOINT_PAGES = 16384  # 64 MiB: fewer checkpoints (each one fsyncs) on long runs
 _BATCH = 64  # items the worker takes from the queue per lock round-trip (and at most per transaction)
 GROUP_MAX = 256  # steps in one transaction at most (bounds what a crash can lose from a backlog)
@@ -98,10 +90,7 @@ class TraceWriter:
         self._closed = False
         self._lock = threading.Lock()
         self._conn = self._create(run, overwrite)
-        self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        # array name -> (its bytes when small enough to compare, digest, (dtype, shape)) at the previous step
-        self._last: dict[str, tuple[bytes | None, bytes, tuple[str, tuple[int, ...]]]] = {}
-        self._keys: dict[str, tuple[codec.Base, int]] = {}  # array name -> current key, versions based on it
+        self._blobs = BlobRefs()  # which blob each large array refers to (page tables repeat and are delta-coded)
         self._last_index: int | None = None
         self._bodies = tables.BodyCompressor()
         self._samples: list[bytes] | None = []  # containers for the dictionary; None once trained or given up
@@ -323,33 +312,7 @@ class TraceWriter:
                 raise TraceError(f"step index {index} was written twice")
             raise TraceError(f"step index {index} was written after step {self._last_index} (indexes must grow)")
         new_blobs: list[tuple[bytes, codec.Pending]] = []
-
-        def blob_ref(name: str, values: np.ndarray) -> str:
-            prev = self._last.get(name)
-            # Page tables mostly equal the previous step's: comparing bytes is ~10x cheaper than hashing them.
-            # Large arrays (recorded attention, new every step) are only hashed: a copy of them would be wasted.
-            data = values.tobytes() if values.nbytes <= COMPARE_MAX_BYTES else None
-            if data is not None and prev is not None and prev[0] == data and prev[2] == (values.dtype.str,
-                                                                                          values.shape):
-                return prev[1].hex()
-            d = codec.digest(values)
-            self._last[name] = (data, d, (values.dtype.str, values.shape))
-            if d in self._seen:
-                self._seen.move_to_end(d)
-                return d.hex()
-            key = self._keys.get(name)
-            if key is not None and key[1] < KEY_INTERVAL - 1:
-                new_blobs.append((d, codec.prepare(values, key[0])))
-                self._keys[name] = (key[0], key[1] + 1)
-            else:
-                new_blobs.append((d, codec.prepare(values)))
-                self._keys[name] = (codec.Base(values, d), 0)
-            self._seen[d] = None
-            if len(self._seen) > _SEEN_DIGESTS:
-                self._seen.popitem(last=False)
-            return d.hex()
-
-        enc = tables.encode_columns(cols, blob_ref)
+        enc = tables.encode_columns(cols, lambda name, values: self._blobs.ref(name, values, new_blobs))
         self._last_index = index
         meta: list[tuple[str, str]] = []
         if self._samples is not None:

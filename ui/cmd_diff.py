@@ -55,8 +55,8 @@ def _show(v: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Diff the two traces."""
+    from specscope.tracer.bundle_file import open_trace_or_bundle
     from specscope.tracer.diff import diff_traces, format_report
-    from specscope.tracer.export.bundle import open_trace_or_bundle
     from specscope.tracer.store import TraceReader
 
     with open_trace_or_bundle(args.a) as pa, open_trace_or_bundle(args.b) as pb, \

@@ -42,10 +42,9 @@ def _fail(msg: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Replay the step; print the comparison table."""
+    from specscope.tracer.attention_call import NoRecordedCall, recorded_call
+    from specscope.tracer.bundle_file import open_trace_or_bundle
     from specscope.tracer.errors import TraceIndexError
-    from specscope.tracer.export.attention_call import NoRecordedCall, recorded_call
-    from specscope.tracer.export.bundle import open_trace_or_bundle
-    from specscope.tracer.export.kv_delta import KV_ARRAYS
     from specscope.tracer.store import TraceReader
 
     if args.json and args.all_heads:
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             # By index: a bundle keeps the original run's numbers, so its steps can start late and skip.
             return _fail(f"{args.trace}: has no step {args.step} ({reader.steps_text()}, {reader.num_steps()} in all)")
         try:  # a bundle's delta-coded KV pages resolve through the earlier calls of this reader
-            call = recorded_call(step, fetch=lambda j: reader.step(j, arrays=KV_ARRAYS))
+            call = recorded_call(step, fetch=reader.kv_base)
         except NoRecordedCall as e:
             return _fail(f"{args.trace}: {e}")
         run_info = reader.run
@@ -75,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                      REL_TOL if args.tol is None else args.tol)
     except ImportError as e:
         return _fail(str(e))
-    from specscope.tracer.export.bundle import original_step, read_manifest
+    from specscope.tracer.bundle_file import original_step, read_manifest
 
     manifest = read_manifest(args.trace)
     orig = None if manifest is None else original_step(manifest, args.step)
@@ -93,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _as_json(res: ReplayResult, step: Step) -> dict[str, Any]:
-    from specscope.tracer.export.attention_call import COMPARISONS
+    from specscope.tracer.attention_call import COMPARISONS
 
     return {"step": res.step, "model": step.model, "mode": step.mode.value, "kernel": res.kernel, "device": res.device,
             "entry": res.entry, "args": res.args, "args_recorded": res.args_recorded, "tol": res.tol,
@@ -104,7 +103,7 @@ def _as_json(res: ReplayResult, step: Step) -> dict[str, Any]:
 
 def format_result(res: ReplayResult, step: Step, run_info: RunInfo, all_heads: bool = False) -> str:
     """The one-screen replay report."""
-    from specscope.tracer.export.attention_call import COMPARISONS
+    from specscope.tracer.attention_call import COMPARISONS
 
     lines = [f"step {step.index}: {step.model} {step.mode.value} ({step.graph.value}), bs {step.batch_size} "
              f"padded {step.padded_batch_size}, T {step.tokens_per_request}, K {step.num_draft_tokens}",

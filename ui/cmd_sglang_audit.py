@@ -61,8 +61,11 @@ def run(args: argparse.Namespace) -> int:
     """Audit the SGLang source; print the report; exit 0 safe, 1 would raise, 2 unreadable or undecidable."""
     import json
 
-    from specscope.integrations import sglang_audit as sa
+    from specscope.integrations.sglang_audit import load
+    from specscope.integrations.sglang_audit_args import SERVER_ARGS, parse_server_command
+    from specscope.integrations.sglang_audit_report import report_json, report_text
     from specscope.integrations.sglang_audit_source import AuditInputError
+    from specscope.integrations.sglang_audit_verdict import EXIT_SAFE, judge
 
     if args.sglang and args.sglang_version:
         _error("--sglang and --version name the source twice: give one")
@@ -71,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     if tokens and tokens[0] == "--":
         tokens = tokens[1:]
     try:
-        cfg = sa.parse_server_command(tokens)
-        for key in sa.SERVER_ARGS:
+        cfg = parse_server_command(tokens)
+        for key in SERVER_ARGS:
             v = getattr(args, key, None)
             if v is not None:
                 setattr(cfg, key, v)
@@ -80,13 +83,13 @@ def run(args: argparse.Namespace) -> int:
             cfg.plan_stream = "1" if args.plan_stream else "0"
         elif cfg.plan_stream is None:
             cfg.plan_stream = user_env.get(PLAN_ENV)
-        audit = sa.load(args.sglang, args.sglang_version)
-        asked = any(getattr(cfg, k) is not None for k in sa.SERVER_ARGS)
-        verdict = sa.judge(audit, cfg) if asked else None
+        audit = load(args.sglang, args.sglang_version)
+        asked = any(getattr(cfg, k) is not None for k in SERVER_ARGS)
+        verdict = judge(audit, cfg) if asked else None
         if args.json:
-            data = sa.report_json(audit, verdict)
+            data = report_json(audit, verdict)
         else:
-            lines = sa.report_text(audit, verdict, full=not args.quiet)
+            lines = report_text(audit, verdict, full=not args.quiet)
     except AuditInputError as e:
         _error(str(e))
         return EXIT_UNREADABLE
@@ -94,4 +97,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     else:
         sys.stdout.write("\n".join(lines) + "\n")
-    return verdict.exit_code if verdict is not None else sa.EXIT_SAFE
+    return verdict.exit_code if verdict is not None else EXIT_SAFE

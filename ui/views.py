@@ -1,7 +1,7 @@
 """View models shared by the TUI and the dashboard: what a step screen shows, derived from the recorded values.
 
 Pure functions over `tracer` records (no Textual, no Dash, no torch). The page-table classification here is
-for display; the invariant catalogue in `tracer/checks.py` is what judges a trace.
+for display; the invariant catalogue in `tracer/checks/` is what judges a trace.
 """
 
 from __future__ import annotations

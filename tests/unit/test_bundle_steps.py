@@ -8,8 +8,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from specscope.tracer.bundle_file import original_step, read_manifest
 from specscope.tracer.checks import Checker, check_steps
-from specscope.tracer.export.bundle import original_step, read_manifest
 from specscope.tracer.query import StepFilter, StepIndex, index_runs_text
 from specscope.tracer.schema import ForwardMode, GraphPhase
 from specscope.tracer.store import TraceReader, TraceWriter

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from specscope.tracer import kv_bases
+from specscope.tracer.attention_call import recorded_call
+from specscope.tracer.bundle_file import open_trace_or_bundle
 from specscope.tracer.checks import check_steps
 from specscope.tracer.errors import TraceError
-from specscope.tracer.export.attention_call import recorded_call
-from specscope.tracer.export.bundle import bundle_steps, environment, open_trace_or_bundle
-from specscope.tracer.export.kv_delta import KV_ARRAYS, PLANED, raw_values, stored_kv
+from specscope.tracer.export.bundle import bundle_steps, environment
+from specscope.tracer.kv_bases import stored_kv
+from specscope.tracer.kv_delta import KV_ARRAYS, PLANED, raw_values
 from specscope.tracer.schema import ArraySnapshot, ForwardMode, Step
 from specscope.tracer.store import TraceReader
 from specscope.ui.cli import main
@@ -86,7 +89,7 @@ def test_bundle_round_trip(fault: str, tmp_path: Path, capsys: pytest.CaptureFix
                                                                             b_.requests)
                 assert without_kv(a_) == without_kv(b_)  # the KV pages travel delta-coded (test below)
                 if b_.array("attn_kv") is not None:
-                    assert stored_kv(a_).tobytes() == b_.array("attn_kv").values.tobytes()
+                    assert stored_kv(a_, r.kv_base).tobytes() == b_.array("attn_kv").values.tobytes()
                     for name in ("attn_q", "attn_out"):  # byte planes in the bundle, the same bytes back
                         assert raw_values(a_, name).tobytes() == b_.array(name).values.tobytes()
         found = list(check_steps(r.steps()))
@@ -201,8 +204,6 @@ def test_committed_sample_exports_open(capsys: pytest.CaptureFixture[str]) -> No
 @pytest.mark.parametrize("which", ["fault", "bf16"])
 def test_bundled_kv_is_delta_coded_and_lossless(which: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """Every bundled call's KV pages come back byte for byte; later calls store only the rows that changed."""
-    from specscope.tracer.export import kv_delta
-
     src = request.getfixturevalue(which)
     out = tmp_path / "all.zip"
     assert main(["export", src, "--bundle", str(out)]) == 0
@@ -210,7 +211,7 @@ def test_bundled_kv_is_delta_coded_and_lossless(which: str, request: pytest.Fixt
         manifest = json.loads(z.read("bundle.json"))
     assert manifest["kv_stored_bytes"] < manifest["kv_full_bytes"] / 3
     for order in ("forward", "backward"):  # backward: every call resolves its chain from the bundle, cold
-        kv_delta._cache.clear()
+        kv_bases.clear_cache()
         deltas = 0
         with TraceReader(out) as b, TraceReader(src) as orig:
             pairs = [(i, i) for i in manifest["original_steps"]]  # bundle and trace number them alike
@@ -220,20 +221,19 @@ def test_bundled_kv_is_delta_coded_and_lossless(which: str, request: pytest.Fixt
                     assert st.array("attn_q") is None
                     continue
                 deltas += st.array("attn_kv") is None
-                got = stored_kv(st)  # no fetch: the cache, or the bundle this reader extracted
+                got = stored_kv(st, b.kv_base)  # the cache, or the base calls this reader holds
                 assert got.dtype == want.values.dtype and got.shape == want.values.shape
                 assert got.tobytes() == want.values.tobytes(), (order, new)
-                assert recorded_call(st).kv.tobytes() == recorded_call(orig.step(old)).kv.tobytes()
+                assert recorded_call(st, b.kv_base).kv.tobytes() == recorded_call(orig.step(old)).kv.tobytes()
         assert deltas and deltas == len(manifest["attention_steps"]) - len(manifest["kv_keyframes"])
     assert len(manifest["kv_chain_starts"]) == 2  # the first call of the target and of the draft
 
 
 def test_delta_coded_bundle_checks_and_replays_from_anywhere(fault: str, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """`check` reads the chain in order; `replay` of the last call and a cold random read resolve it; an extracted
-    trace.db read out of order says to open the zip (one sentence, never wrong bytes)."""
-    from specscope.tracer.export import kv_delta
-
+    """`check` reads the chain in order; `replay` of the last call and a cold random read resolve it, from the zip or
+    from its extracted trace.db through that trace's reader; a call decoded out of order with no reader to fetch its
+    bases says so (one sentence, never wrong bytes)."""
     out = tmp_path / "all.zip"
     assert main(["export", fault, "--bundle", str(out)]) == 0
     capsys.readouterr()
@@ -242,37 +242,49 @@ def test_delta_coded_bundle_checks_and_replays_from_anywhere(fault: str, tmp_pat
         check = json.loads(z.read("check.json"))
         z.extract("trace.db", tmp_path)
     last = manifest["attention_steps"][-1]
-    kv_delta._cache.clear()
+    kv_bases.clear_cache()
     code = main(["replay", str(out), "--step", str(last), "--json"])
     res = json.loads(capsys.readouterr().out)
     with TraceReader(fault) as r:
         from specscope.backend.replay import replay
 
-        want = replay(recorded_call(r.step(last)), "cpu", "reference", "float32")
+        want_call = recorded_call(r.step(last))
+        want = replay(want_call, "cpu", "reference", "float32")
+        want_kv = want_call.kv.tobytes()
     assert code == (0 if want.agrees else 1) and res["worst"]["kernel-vs-truth"] == want.worst("kernel-vs-truth")
-    kv_delta._cache.clear()
-    kv_delta._sources.clear()  # as in a fresh process that never opened the zip
+    kv_bases.clear_cache()  # as in a fresh process
     loose = str(tmp_path / "trace.db")
     with TraceReader(loose) as r:
-        with pytest.raises(recorded_call_error(), match="open the bundle .zip"):
-            recorded_call(r.step(last))
-        kv_delta._cache.clear()
+        st = r.step(last)  # cold, out of order: the reader resolves the call from the base calls its trace holds
+        assert recorded_call(st).kv.tobytes() == want_kv  # so the catalogue, handed only the step, decodes it
+        kv_bases.clear_cache()
+        with pytest.raises(recorded_call_error(), match="no reader of its trace was given"):
+            recorded_call(st)  # nothing opens a file behind the caller's back
+        assert recorded_call(st, r.kv_base).kv.tobytes() == want_kv
+        kv_bases.clear_cache()
         found = list(check_steps(r.steps()))  # in order: each call chains onto the one before
     assert [(x.check_id, x.step) for x in found] == [(x["check_id"], x["step"]) for x in check["bundle_check"]]
     assert any(x.check_id == "D2" for x in found) and not any(x.check_id == "I2" for x in found)
+    kv_bases.clear_cache()
+    mid = manifest["attention_steps"][len(manifest["attention_steps"]) // 2]
+    with TraceReader(out) as b:  # a window from the middle of the chain, as the dashboard's step view checks one
+        window = list(check_steps(b.steps(mid)))
+    assert not any(x.check_id == "I2" for x in window)
+    assert [x.step for x in window if x.check_id.startswith("D")] == [x.step for x in found
+                                                                      if x.check_id.startswith("D") and x.step >= mid]
     assert main(["check", str(out)]) == 1
     assert "D2" in capsys.readouterr().out
 
 
 def recorded_call_error() -> type[Exception]:
-    from specscope.tracer.export.attention_call import NoRecordedCall
+    from specscope.tracer.attention_call import NoRecordedCall
 
     return NoRecordedCall
 
 
 def test_delta_codec_keeps_every_byte() -> None:
     """Pages that move, appear, vanish, repeat rows or hold NaN / -0.0 / denormals come back bit for bit."""
-    from specscope.tracer.export import kv_delta
+    from specscope.tracer import kv_delta
 
     rng = np.random.default_rng(0)
     shape = (5, 2, 2, 8, 32)  # U, K/V, Hkv, page size, D
@@ -315,7 +327,7 @@ def test_delta_codec_keeps_every_byte() -> None:
 
 @pytest.mark.parametrize("dtype", [np.int16, np.float32, np.int64])
 def test_byte_planes_round_trip(dtype: type) -> None:
-    from specscope.tracer.export import kv_delta
+    from specscope.tracer import kv_delta
 
     rng = np.random.default_rng(1)
     v = rng.integers(-(2**15), 2**15, size=(3, 2, 5)).astype(dtype)

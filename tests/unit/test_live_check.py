@@ -1,5 +1,5 @@
 """The streaming checker beside the writer: it follows a live trace, writes the catalogue's verdicts (source
-"check") in batches with `checked_through`, and `ProcessTraceWriter(check=True).close()` waits for the last."""
+"check") in batches with `checked_through`, and `LiveCheck.finish()` (after the writer closed) waits for the last."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sys
 
 import pytest
 from specscope.tracer.checks import check_steps
-from specscope.tracer.live_check import follow
+from specscope.tracer.errors import TraceError
+from specscope.tracer.live_check import LiveCheck, follow
 from specscope.tracer.process_writer import ProcessTraceWriter
 from specscope.tracer.schema import Severity
 from specscope.tracer.store import TraceReader, TraceWriter
@@ -32,15 +33,19 @@ def _key(v: object) -> tuple:
     return (v.step, v.check_id, v.request_id, v.message)  # type: ignore[attr-defined]
 
 
-def test_process_writer_checks_as_it_records(tmp_path: os.PathLike[str]) -> None:
+def test_live_check_beside_a_process_writer_checks_as_it_records(tmp_path: os.PathLike[str]) -> None:
     path = os.path.join(tmp_path, "live.db")
     with TraceReader(FAULTY) as src:
-        w = ProcessTraceWriter(path, src.run, check=True)
+        w = ProcessTraceWriter(path, src.run)
+        lc = LiveCheck(path)  # what a session does once its writer has created the trace
         for step in src.steps():
             w.write_step(step)
         for rec in src.requests():
             w.write_request(rec)
-    w.close()  # returns once the checker has checked the last step
+    w.close()
+    assert lc.result is None  # the writer knows nothing of the checker
+    lc.finish()  # returns once the checker has checked the last step
+    lc.finish()  # a second call does nothing
     want = _expected(FAULTY)
     assert want, "the fixture's fault must be caught"
     with TraceReader(path) as r:
@@ -51,9 +56,16 @@ def test_process_writer_checks_as_it_records(tmp_path: os.PathLike[str]) -> None
         errors = sum(v.severity == Severity.ERROR for v in got)
         first = min(v.step for v in want if v.severity == Severity.ERROR)
         assert r.summary(first).num_errors >= 1 and r.find_steps("error") == [first]
-    assert w.check_result is not None
-    assert (w.check_result.checked_through, w.check_result.num_errors) == (n - 1, errors)
+    assert lc.result is not None
+    assert (lc.result.checked_through, lc.result.num_errors) == (n - 1, errors)
     assert not os.path.exists(path + "-wal")  # settled into one file once the checker was done
+
+
+def test_a_checker_that_fails_says_so_in_its_own_words(tmp_path: os.PathLike[str]) -> None:
+    lc = LiveCheck(os.path.join(tmp_path, "none.db"))  # no trace to follow
+    with pytest.raises(TraceError, match="the trace checker exited with status 2.*no such file"):
+        lc.finish()
+    assert lc.result is None
 
 
 def test_clean_trace_gets_checked_through_and_no_verdicts(tmp_path: os.PathLike[str]) -> None:

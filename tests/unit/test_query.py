@@ -250,14 +250,14 @@ def test_fault_report_checked_through_and_v2_facts(v2_trace: str) -> None:
 def test_step_decodes_only_the_named_arrays(v2_trace: str) -> None:
     with TraceReader(v2_trace) as r:
         one = r.step(33, arrays=("cache_seqlens",))
-        assert not r._arrays  # the blob of req_to_token_page_starts was never fetched nor decoded
+        assert not r.step_table.num_cached_arrays()  # req_to_token_page_starts's blob was never fetched nor decoded
         full = r.step(33)
         assert [a.name for a in one.arrays] == ["cache_seqlens"] and one.arrays[0] == full.array("cache_seqlens")
         assert dataclasses.replace(one, arrays=full.arrays) == full
         assert r.step(33, arrays=()).arrays == ()
     with TraceReader(v2_trace) as r:
         big = r.step(33, arrays=["req_to_token_page_starts", "nope"])
-        assert [a.name for a in big.arrays] == ["req_to_token_page_starts"] and len(r._arrays) >= 1
+        assert [a.name for a in big.arrays] == ["req_to_token_page_starts"] and r.step_table.num_cached_arrays() >= 1
 
 
 def test_wait_for_steps_follows_a_live_writer(tmp_path: os.PathLike[str]) -> None:

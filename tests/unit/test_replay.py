@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from specscope.tracer.export.attention_call import recorded_call
+from specscope.tracer.attention_call import recorded_call
 from specscope.tracer.schema import ForwardMode
 from specscope.tracer.store import TraceReader
 from specscope.ui.cli import main
@@ -199,7 +199,7 @@ def test_trace_recorded_before_the_dtype_tag_still_replays(capsys: pytest.Captur
 
 
 def test_widen_refuses_what_it_cannot_read() -> None:
-    from specscope.tracer.export.attention_call import NoRecordedCall, widen
+    from specscope.tracer.attention_call import NoRecordedCall, widen
 
     with pytest.raises(NoRecordedCall, match="float8"):
         widen(np.zeros(3, np.int8), "float8_e4m3fn")

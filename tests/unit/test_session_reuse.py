@@ -32,7 +32,7 @@ def test_two_workloads_on_one_engine_match_fresh_runs_and_check_clean(tmp_path) 
         second = s.fresh_requests(1)
         arrivals = [r.arrival_iteration for r in second]
         st2 = s.run(second)
-        writer = s.writer
+        assert s.writer is not None and s.check_result is None  # the checker's summary comes once the trace closed
         with pytest.raises(ValueError, match="already served"):
             s.run(first)  # the same requests (ids) twice would merge two requests' records in the trace
     for stats, reqs in ((st1, first), (st2, second)):
@@ -50,7 +50,7 @@ def test_two_workloads_on_one_engine_match_fresh_runs_and_check_clean(tmp_path) 
         assert [r.output for r in reqs] == [r.output for r in fresh[seed]]
 
     # One trace holds both workloads: their steps, their requests, and no violation (live or offline).
-    assert writer is not None and writer.check_result is not None and writer.check_result.num_errors == 0
+    assert s.check_result is not None and s.check_result.num_errors == 0
     with TraceReader(path) as reader:
         steps = list(reader.steps())
         checker = Checker.for_trace(reader)
@@ -74,3 +74,13 @@ def test_a_second_workload_without_trace_reuses_slots_and_pages(tmp_path) -> Non
             assert all(len(r.output) == NEW_TOKENS for r in reqs)
             assert (s.engine.r2t.num_free, s.engine.pages.num_free) == free  # everything freed at finish
         assert s.trace_path is None and s.writer is None
+    assert s.check_result is None  # no trace: no checker
+
+
+def test_checking_off_starts_no_live_checker(tmp_path) -> None:
+    path = str(tmp_path / "unchecked.db")
+    res = run_session(cfg(5), path, command="pytest unchecked", check=False)
+    assert res.check is None
+    with TraceReader(path) as reader:
+        assert reader.num_steps() > 0
+        assert reader.checked_through() is None  # a checker marks -1 the moment it starts

@@ -34,7 +34,9 @@ pytest.importorskip("flashinfer", reason="flashinfer is not installed (. .gpu/se
 from specscope.backend.memory import PageAllocator, ReqToTokenPool, RequestKV  # noqa: E402
 from specscope.integrations.sglang_drive import drive, without_fixup_hook  # noqa: E402
 from specscope.integrations.sglang_driver import UpstreamGraphRunner, specscope_batch, upstream_batch  # noqa: E402
-from specscope.integrations.sglang_loader import TMB_PATH, load_upstream, make_model_runner  # noqa: E402
+from specscope.integrations.sglang_loader import load_upstream  # noqa: E402
+from specscope.integrations.sglang_package import TMB_PATH  # noqa: E402
+from specscope.integrations.sglang_stand_ins import make_model_runner  # noqa: E402
 from specscope.tracer.checks import check_steps  # noqa: E402
 from specscope.tracer.schema import ForwardMode, GraphPhase, Severity  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402

@@ -20,7 +20,8 @@ import torch  # noqa: E402
 from specscope.integrations import sglang as ss  # noqa: E402
 from specscope.integrations import sglang_hook  # noqa: E402
 from specscope.integrations.sglang_drive import drive, without_fixup_hook  # noqa: E402
-from specscope.integrations.sglang_loader import TMB_PATH, load_upstream  # noqa: E402
+from specscope.integrations.sglang_loader import load_upstream  # noqa: E402
+from specscope.integrations.sglang_package import TMB_PATH  # noqa: E402
 from specscope.tracer.checks import check_steps  # noqa: E402
 from specscope.tracer.schema import ForwardMode, GraphPhase, Severity  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402
@@ -348,7 +349,7 @@ def test_provenance_and_unmodelled_features_are_in_the_run_info(tmp_path: Path, 
     """Built by upstream's constructor from a server's args (FP8 KV cache, topk 2, context parallel) and with SGLang's
     spec-decoding variables set: the run info holds the version, the backend's file, those args, the variables and
     the features the model leaves out, with what showed each; `info` prints them (text and --json)."""
-    from specscope.integrations.sglang_loader import make_model_runner
+    from specscope.integrations.sglang_stand_ins import make_model_runner
 
     up = _new()
     up.module.envs.SGLANG_ENABLE_OVERLAP_PLAN_STREAM = _Env(True)

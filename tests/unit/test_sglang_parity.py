@@ -3,7 +3,8 @@
 CI installs `sglang==0.5.13` with `--no-deps` (and 0.5.12 into `.sglang-0.5.12/`); without sglang installed these
 tests skip. The installed sglang may be any tested release (`PYTHONPATH=.sglang/0.5.23` puts that one first): a
 release equal to ours compares equal everywhere, 0.5.12 differs exactly where its known bugs are
-(`sglang_parity.KNOWN_DIFFERENCES`). tests/unit/test_sglang_releases.py runs the same on every release of CI's matrix.
+(`sglang_parity_mutations.KNOWN_DIFFERENCES`). tests/unit/test_sglang_releases.py runs the same on every release
+of CI's matrix.
 """
 
 from __future__ import annotations
@@ -19,23 +20,23 @@ import pytest
 if importlib.util.find_spec("sglang") is None:
     pytest.skip("sglang is not installed (python -m pip install --no-deps sglang==0.5.13)", allow_module_level=True)
 
-from specscope.integrations.sglang_loader import TMB_PATH, load_upstream  # noqa: E402
+from specscope.integrations.sglang_loader import load_upstream  # noqa: E402
+from specscope.integrations.sglang_package import TMB_PATH  # noqa: E402
 from specscope.integrations.sglang_parity import (  # noqa: E402
-    ALL_MODES,
-    GRAPH_MODES,
-    KNOWN_DIFFERENCES,
-    MUTATIONS,
-    PHASES,
-    RECREATES,
     SWEEP_KT,
     SWEEP_PAGE_SIZES,
+    parity_table,
+    parity_table_body,
+    sweep,
+)
+from specscope.integrations.sglang_parity_harness import ALL_MODES, GRAPH_MODES, PHASES, run_parity  # noqa: E402
+from specscope.integrations.sglang_parity_mutations import (  # noqa: E402
+    KNOWN_DIFFERENCES,
+    MUTATIONS,
+    RECREATES,
     Mutation,
     differing,
     mutation_effect,
-    parity_table,
-    parity_table_body,
-    run_parity,
-    sweep,
 )
 from specscope.integrations.sglang_versions import is_tested  # noqa: E402
 from specscope.tracer.schema import ForwardMode  # noqa: E402
@@ -134,7 +135,8 @@ def _differing(cmps) -> dict[tuple[str, str], set[str]]:  # noqa: ANN001
 @pytest.mark.parametrize("m", MUTATIONS, ids=[m.name for m in MUTATIONS])
 def test_injected_fault_shows_in_exactly_its_fields(up, m: Mutation) -> None:  # noqa: ANN001
     """Mutation check of the comparison: a fault in OUR backend differs from upstream in exactly what it corrupts
-    (on a release whose upstream differs unmutated, against the unmutated run: `sglang_parity.mutation_effect`)."""
+    (on a release whose upstream differs unmutated, against the unmutated run:
+    `sglang_parity_mutations.mutation_effect`)."""
     eff = mutation_effect(up, m, baseline=up.version in KNOWN_DIFFERENCES)
     assert eff.caught, (eff.added, eff.expected, eff.removed)
     assert bool(eff.removed) == (m.fault in RECREATES.get(up.version, {}))

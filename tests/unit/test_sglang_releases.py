@@ -5,9 +5,10 @@ Every release of MATRIX gets the same, complete treatment (no reduced sweep; mea
 
 - the full parity sweep (`sglang_parity.sweep`: page sizes 16-128 x seven (K, T) pairs, every mode x phase,
   padded replays), equal to ours in every field of every forward; 0.5.12 differs exactly where its known bugs are;
-- the five mutation checks of the comparison (`sglang_parity.MUTATIONS`), each fault differing from upstream in
-  exactly its fields; on 0.5.12, whose unmutated sweep already differs, against the unmutated run of the same
-  batches (`sglang_parity.mutation_effect`), where the two faults that re-create its bugs make ours equal to it;
+- the five mutation checks of the comparison (`sglang_parity_mutations.MUTATIONS`), each fault differing from
+  upstream in exactly its fields; on 0.5.12, whose unmutated sweep already differs, against the unmutated run of
+  the same batches (`sglang_parity_mutations.mutation_effect`), where the two faults that re-create its bugs make
+  ours equal to it;
 - the two drives of docs/fidelity.md (K=4 with T=4 and T=2) recorded and judged by the catalogue: clean but for
   the I7 warning from 0.5.13, graph replays recorded without metadata from 0.5.15, I6 at 0.5.12's first verify
   replay; and docs/fidelity.md carries the release's parity table and its summary row as measured here.
@@ -27,22 +28,18 @@ from typing import Any
 
 import pytest
 from specscope.integrations import sglang as ss
-from specscope.integrations.sglang_loader import TMB_PATH, UpstreamSglang, load_upstream
-from specscope.integrations.sglang_parity import (
-    ALL_MODES,
-    GRAPH_MODES,
+from specscope.integrations.sglang_loader import UpstreamSglang, load_upstream
+from specscope.integrations.sglang_package import TMB_PATH
+from specscope.integrations.sglang_parity import SWEEP_KT, SWEEP_PAGE_SIZES, parity_table_body, sweep
+from specscope.integrations.sglang_parity_compare import Comparison
+from specscope.integrations.sglang_parity_harness import ALL_MODES, GRAPH_MODES, PHASES
+from specscope.integrations.sglang_parity_mutations import (
     KNOWN_DIFFERENCES,
     MUTATIONS,
-    PHASES,
     RECREATES,
-    SWEEP_KT,
-    SWEEP_PAGE_SIZES,
-    Comparison,
     Mutation,
     differing,
     mutation_effect,
-    parity_table_body,
-    sweep,
 )
 from specscope.integrations.sglang_versions import TESTED_RELEASES
 from specscope.tracer.schema import ForwardMode, GraphPhase
@@ -183,8 +180,8 @@ def test_every_forward_equals_upstream(version: str) -> None:
 
 def test_0_5_12_differs_exactly_where_its_known_bugs_are() -> None:
     """The sweep on 0.5.12: differences only in the (mode, phase, field) cells of its known bugs
-    (`sglang_parity.KNOWN_DIFFERENCES`); with T == K the verify differs only in the capture's cu_seqlens_k; DECODE,
-    EXTEND and draft-decode eager and replays equal ours."""
+    (`sglang_parity_mutations.KNOWN_DIFFERENCES`); with T == K the verify differs only in the capture's
+    cu_seqlens_k; DECODE, EXTEND and draft-decode eager and replays equal ours."""
     cmps = swept("0.5.12")
     assert differing(cmps) == KNOWN_DIFFERENCES["0.5.12"]
     same_kt = differing([c for c in cmps if c.K == c.T and c.mode == ForwardMode.TARGET_VERIFY])

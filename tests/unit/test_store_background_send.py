@@ -7,7 +7,8 @@ import os
 import sys
 
 import pytest
-from specscope.tracer.process_writer import ProcessTraceWriter, raw_from_step
+from specscope.tracer.pipe_format import raw_from_step
+from specscope.tracer.process_writer import ProcessTraceWriter
 from specscope.tracer.store import TraceReader
 from stepgen import make_request, make_run, make_step
 

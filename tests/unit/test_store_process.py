@@ -13,7 +13,8 @@ import time
 
 import pytest
 from specscope.tracer.errors import TraceError
-from specscope.tracer.process_writer import ProcessTraceWriter, parts_from_raw, raw_from_step, step_from_raw
+from specscope.tracer.pipe_format import parts_from_raw, raw_from_step, step_from_raw
+from specscope.tracer.process_writer import ProcessTraceWriter
 from specscope.tracer.schema import CallError, StreamWait
 from specscope.tracer.store import TraceReader
 from stepgen import child_env, make_request, make_run, make_step
@@ -79,7 +80,7 @@ def test_batched_raw_steps_keep_every_array(tmp_path: os.PathLike[str]) -> None:
 
 def test_batches_msgpack_cannot_carry_go_as_pickles_and_meet_the_same_checks(tmp_path: os.PathLike[str]) -> None:
     import numpy as np
-    from specscope.tracer.process_writer import FAST_STEPS, encode_frame
+    from specscope.tracer.pipe_format import FAST_STEPS, encode_frame
 
     good = [raw_from_step(_v2_step(i)) for i in range(3)]
     assert encode_frame("steps", good)[:1] == FAST_STEPS
@@ -206,7 +207,7 @@ def codec_digest_hex(v: object) -> str:
 def test_step_frame_encodes_the_same_body_as_the_pickle_path() -> None:
     import numpy as np
     from specscope.tracer import tables
-    from specscope.tracer.process_writer import FAST_STEP, decode_step_frame, encode_frame
+    from specscope.tracer.pipe_format import FAST_STEP, decode_step_frame, encode_frame
 
     for i in range(12):
         raw = raw_from_step(_v2_step(i))
@@ -229,7 +230,7 @@ def test_step_frame_encodes_the_same_body_as_the_pickle_path() -> None:
 
 def test_steps_a_frame_cannot_carry_go_as_pickles_and_fail_in_the_child(tmp_path: os.PathLike[str]) -> None:
     import numpy as np
-    from specscope.tracer.process_writer import FAST_STEP, encode_frame
+    from specscope.tracer.pipe_format import FAST_STEP, encode_frame
 
     huge = raw_from_step(make_step(1))
     huge["requests"]["request_id"] = [2**70] + huge["requests"]["request_id"][1:]

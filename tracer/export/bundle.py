@@ -7,22 +7,17 @@ schema wants indexes that grow, not dense ones), `check.json`
 `environment.json` (GPU, versions, git commit, what the recorder did not record), `command.txt` (the exact
 command that recorded the trace), `perfetto.json.gz` (the steps as a Perfetto timeline) and `README.md`.
 
-Every command opens a bundle where it opens a trace: `open_trace_or_bundle(path)` extracts `trace.db` to a
-temporary folder for the duration of a `with` block (and `TraceReader(zip)` does the same for its lifetime).
+Every command opens a bundle where it opens a trace (`tracer/bundle_file.py`, the container: this module writes
+bundles). Bundles of format 2 and older renumbered their steps 0..n-1; `bundle_summary` gives the original numbers.
 
-Bundles of format 2 and older renumbered their steps 0..n-1 (`bundle.json` original_steps[i] is bundle step i's
-index in the original trace). They open as they always did, numbered as their own README.md says; `original_step`
-and `bundle_summary` give the original numbers beside them.
-
-Recorded attention calls travel delta-coded (`kv_delta.py`): the first call of each model keeps its full
+Recorded attention calls travel delta-coded (`tracer/kv_delta.py`): the first call of each model keeps its full
 `attn_kv`, later ones only the KV token rows that changed since the previous bundled call of that model; every
-reader of a call (`attention_call.recorded_call`) resolves them, so `replay`, `check`, `tui` and `web` see the
-recorded bytes.
+reader of a call (`attention_call.recorded_call`, with the reader's `kv_base` as its fetch) resolves them, so
+`replay`, `check`, `tui` and `web` see the recorded bytes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -31,95 +26,18 @@ import shlex
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ..errors import TraceError
+from .. import kv_delta
+from ..bundle_file import BUNDLE_FORMAT, MANIFEST, TRACE_NAME, read_manifest, renumbered
+from ..kv_bases import stored_kv
 from ..reader import TraceReader
 from ..schema import ArraySnapshot, Step, Violation
 from ..writer import TraceWriter
-from . import kv_delta
 
-TRACE_NAME = "trace.db"
-MANIFEST = "bundle.json"
-# 2: attn_kv delta-coded across the bundled calls of a model (kv_delta.py); 3: steps keep their original indexes
-BUNDLE_FORMAT = 3
-ORIGINAL_NUMBERS_SINCE = 3  # the first format whose trace.db numbers its steps as the original trace does
-_MAX_TRACE_BYTES = 4 << 30  # refuse to extract more than this from a bundle (a damaged or hostile size field)
 _ENV_WANTED = ("python", "torch", "flashinfer", "cuda", "specscope")
-
-
-def is_bundle(path: str | os.PathLike[str]) -> bool:
-    """True when `path` is a zip file (a bundle, or damage to be reported as such)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) in (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08")  # local file, empty, spanned
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def open_trace_or_bundle(path: str | os.PathLike[str]) -> Iterator[str]:
-    """Yield a path to a trace file: `path` itself, or for a bundle its `trace.db` extracted to a temporary folder
-    (removed when the block ends). A damaged bundle raises TraceError with one sentence."""
-    path = os.fspath(path)
-    if not is_bundle(path):
-        yield path
-        return
-    tmp = tempfile.mkdtemp(prefix="specscope-bundle-")
-    try:
-        yield _extract_trace(path, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _extract_trace(path: str, folder: str) -> str:
-    try:
-        with zipfile.ZipFile(path) as z:
-            try:
-                info = z.getinfo(TRACE_NAME)
-            except KeyError:
-                raise TraceError(f"not a specscope bundle (the zip holds no {TRACE_NAME})", path) from None
-            if info.file_size > _MAX_TRACE_BYTES:
-                raise TraceError(f"bundle's {TRACE_NAME} claims {info.file_size} bytes; refusing to extract", path)
-            out = os.path.join(folder, TRACE_NAME)
-            with z.open(info) as src, open(out, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            chain = _kv_chain(z)
-            if chain is not None:
-                # A delta-coded call read out of order finds its base calls here (this copy, then the bundle).
-                kv_delta.register_source(chain, path)
-                kv_delta.register_source(chain, out)
-            return out
-    except zipfile.BadZipFile as e:
-        raise TraceError(f"not a readable bundle (damaged zip: {e})", path) from None
-    except (OSError, EOFError, RuntimeError, ValueError) as e:  # zlib.error is not an OSError; CRC is BadZipFile
-        raise TraceError(f"not a readable bundle ({type(e).__name__}: {e})", path) from None
-    except Exception as e:  # noqa: BLE001 - zlib.error and friends from a damaged member: one sentence
-        if isinstance(e, TraceError):
-            raise
-        raise TraceError(f"not a readable bundle ({type(e).__name__}: {e})", path) from None
-
-
-def _kv_chain(z: zipfile.ZipFile) -> int | None:
-    try:
-        chain = json.loads(z.read(MANIFEST)).get("kv_chain")
-    except (KeyError, ValueError, AttributeError):
-        return None
-    return chain if isinstance(chain, int) else None
-
-
-def read_member(path: str | os.PathLike[str], name: str) -> bytes:
-    """One file from a bundle (TraceError when absent or damaged)."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            return z.read(name)
-    except KeyError:
-        raise TraceError(f"bundle has no {name}", path) from None
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise TraceError(f"not a readable bundle ({type(e).__name__}: {e})", path) from None
 
 
 def bundle_steps(reader: TraceReader, start: int, stop: int | None) -> list[int]:
@@ -252,7 +170,7 @@ def write_bundle(reader: TraceReader, out: str, start: int, stop: int | None, *,
 
 class _KVCoder:
     """Replaces each bundled call's `attn_kv` by the token rows that differ from what the earlier bundled calls of
-    the same model hold for those pages, repeated rows as references (kv_delta.py)."""
+    the same model hold for those pages, repeated rows as references (tracer/kv_delta.py)."""
 
     def __init__(self, reader: TraceReader, delta: bool = True) -> None:
         self.reader = reader
@@ -269,8 +187,8 @@ class _KVCoder:
         page_ids = step.array("attn_page_ids")
         if step.array("attn_q") is None or page_ids is None:
             return step
-        fetch = lambda j: self.reader.step(j, arrays=kv_delta.KV_ARRAYS)  # noqa: E731 - a source that is a bundle
-        kv = kv_delta.stored_kv(dataclasses.replace(step, index=original), fetch)
+        # A source that is itself a bundle: its delta-coded calls resolve through its own reader.
+        kv = stored_kv(dataclasses.replace(step, index=original), self.reader.kv_base)
         ids = np.asarray(page_ids.values).astype(np.int64)
         keep = tuple(a for a in step.arrays if a.name not in kv_delta.KV_ARRAYS or a.name == "attn_page_ids")
         self.full_bytes += kv.nbytes
@@ -293,21 +211,6 @@ class _KVCoder:
                   for a in (*keep, *new)]
         marker = ArraySnapshot(kv_delta.PLANES, "uint8", (1,), 0, np.array([1], np.uint8))
         return dataclasses.replace(step, arrays=(*arrays, marker))
-
-
-def renumbered(manifest: dict[str, Any]) -> bool:
-    """Whether a bundle numbers its steps 0..n-1 (formats before 3) instead of as the original trace does."""
-    fmt = manifest.get("format")
-    return not (isinstance(fmt, int) and fmt >= ORIGINAL_NUMBERS_SINCE) and bool(manifest.get("original_steps"))
-
-
-def original_step(manifest: dict[str, Any], index: int) -> int | None:
-    """The original trace's index of bundle step `index` (None when the bundle holds no such step): the index
-    itself since format 3, original_steps[index] for the older bundles that renumbered their steps."""
-    steps = manifest.get("original_steps") or []
-    if not renumbered(manifest):
-        return int(index) if int(index) in steps else None
-    return int(steps[index]) if 0 <= index < len(steps) else None
 
 
 def bundle_summary(reader: TraceReader) -> dict[str, Any] | None:
@@ -344,16 +247,6 @@ def bundle_summary_line(b: dict[str, Any]) -> str:
     else:
         how = ", numbered as in that trace"
     return f"bundle of {what} of {src}{caps}{how}"
-
-
-def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """A bundle's bundle.json, or None for a plain trace."""
-    if not is_bundle(path):
-        return None
-    try:
-        return json.loads(read_member(path, MANIFEST))
-    except (TraceError, ValueError):
-        return None
 
 
 def _attention_steps(db: str) -> list[int]:

@@ -14,20 +14,21 @@ came from and name that dtype in `attn_dtype` (uint8, the ASCII name): a bf16 or
 16-bit patterns (int16), float64 as int64 bits, float32 as it is. The decoder widens them exactly (bf16 bits << 16
 are the float32 bits). A step without `attn_dtype` (older traces) holds float32 values.
 
-Bundles store `attn_kv` as a delta against the previous bundled call of the same model (tracer/export/kv_delta.py);
-`recorded_call` resolves it transparently (`fetch`, a cache of recent calls, or the bundle the trace came from).
+Bundles store `attn_kv` as a delta against the previous bundled call of the same model (tracer/kv_delta.py);
+`recorded_call` resolves it (tracer/kv_bases.py) from a cache of recently decoded calls, or through `fetch`, the
+trace's reader (`TraceReader.kv_base`), which finds the base calls in the same trace.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..schema import ForwardMode, Step
 from . import kv_delta
+from .kv_bases import KvFetch, stored_kv
+from .schema import ForwardMode, Step
 
 UNIFORM = (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY)
 # attn_call: the arguments of the kernel entry point the backend called for layer 0 (backend/trtllm_mha_backend.py).
@@ -136,11 +137,11 @@ def widen(values: np.ndarray, dtype_name: str, what: str = "array") -> np.ndarra
     return v.view(np.float64)
 
 
-def recorded_call(step: Step, fetch: Callable[[int], Step] | None = None) -> RecordedCall:
+def recorded_call(step: Step, fetch: KvFetch | None = None) -> RecordedCall:
     """Decode the recorded call of `step` (NoRecordedCall when it has none).
 
-    `fetch(i)` returns step i of the same trace: a bundle's delta-coded KV is resolved through it (without it,
-    through recently decoded calls or the bundle the trace was extracted from)."""
+    `fetch(i)` returns step i of the same trace (`TraceReader.kv_base`): a bundle's delta-coded KV is resolved
+    through it where the recently decoded calls do not reach (without it, only through those)."""
     a = {x.name: x for x in step.arrays}
     if "attn_q" not in a:
         raise NoRecordedCall(f"step {step.index} has no recorded attention call (record with --record-attention 1)")
@@ -153,7 +154,7 @@ def recorded_call(step: Step, fetch: Callable[[int], Step] | None = None) -> Rec
     try:
         q = widen(kv_delta.raw_values(step, "attn_q"), dt, "attn_q")
         out = widen(kv_delta.raw_values(step, "attn_out"), dt, "attn_out").reshape(q.shape)
-        kv_stored = kv_delta.stored_kv(step, fetch)
+        kv_stored = stored_kv(step, fetch)
     except kv_delta.DeltaError as e:
         raise NoRecordedCall(f"step {step.index}: {e}") from None
     kv = widen(kv_stored, dt, "attn_kv")

@@ -1,9 +1,9 @@
-"""Delta-coded KV pages of recorded attention calls, as bug-report bundles store them. Torch-free (numpy).
+"""Delta-coded KV pages of recorded attention calls, as bug-report bundles store them: the format and its codec.
 
-Consecutive calls of one model read nearly the same pages: per step only the token rows just written change (the
-tail of each request's last page, and pages it just started). So in a bundle each call stores only the token rows
-that differ, byte for byte, from what the earlier bundled calls of the same model hold for that physical page id
-(a page none of them read counts as zeros):
+Torch-free (numpy). Consecutive calls of one model read nearly the same pages: per step only the token rows just
+written change (the tail of each request's last page, and pages it just started). So in a bundle each call stores
+only the token rows that differ, byte for byte, from what the earlier bundled calls of the same model hold for that
+physical page id (a page none of them read counts as zeros):
 
 - `attn_kv_ref`   int64 [2]: the chain id (one per bundle) and the bundle step index of the base call (-1: none,
   this step holds its full `attn_kv`);
@@ -16,31 +16,20 @@ that differ, byte for byte, from what the earlier bundled calls of the same mode
 
 A model's first bundled call is coded against an empty store (zeros), so it too keeps only its distinct rows.
 
-Decoding is exact (the stored bytes come back). `stored_kv(step, fetch)` resolves a step's KV: from a cache of
-recently decoded calls (a sequential read, as `check` does, chains onto the previous call), from `fetch(i)` (the
-caller's reader), or from the bundle the trace was extracted from (`register_source`, called on extraction).
+Decoding is exact (the stored bytes come back). Resolving a step's chain of base calls is `kv_bases.py`.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..schema import Step
+from .schema import ArraySnapshot, Step
 
 REF, ROWS, SRC, DELTA = "attn_kv_ref", "attn_kv_rows", "attn_kv_src", "attn_kv_delta"
 KV_ARRAYS = ("attn_page_ids", "attn_kv", REF, ROWS, SRC, DELTA, "attn_planes")  # what resolving a base call reads
 NO_BASE = -1
-_CACHE_ENTRIES = 16
-_CACHE_BYTES = 256 << 20
-_MAX_CHAIN = 1 << 16  # a base chain longer than any bundle: damage (or a loop)
-
-
 PLANES = "attn_planes"  # uint8 [1]: present when attn_q / attn_out / attn_kv / attn_kv_delta are stored as byte planes
 # The stored widths (attention_call).
 _PLANE_DTYPES: dict[int, np.dtype[Any]] = {2: np.dtype("<i2"), 4: np.dtype("<f4"), 8: np.dtype("<i8")}
@@ -80,39 +69,6 @@ PLANED = ("attn_q", "attn_out", "attn_kv", "attn_kv_delta")
 
 class DeltaError(ValueError):
     """A delta-coded call cannot be resolved (its base is missing or the arrays disagree); one sentence."""
-
-
-_lock = threading.Lock()
-_cache: OrderedDict[tuple[int, int], tuple[dict[int, np.ndarray], np.ndarray]] = OrderedDict()  # -> pages after, kv
-_sources: dict[int, list[str]] = {}  # chain id -> trace or bundle paths that hold it
-
-
-def register_source(chain: int, path: str) -> None:
-    """Remember that delta chain `chain` can be read from `path` (a trace or a bundle), newest first."""
-    with _lock:
-        paths = [p for p in _sources.get(int(chain), []) if p != path]
-        _sources[int(chain)] = [path, *paths][:8]
-
-
-def _cache_get(key: tuple[int, int]) -> tuple[dict[int, np.ndarray], np.ndarray] | None:
-    with _lock:
-        hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-        return hit
-
-
-def _cache_put(key: tuple[int, int], pages: dict[int, np.ndarray], kv: np.ndarray) -> None:
-    with _lock:
-        _cache[key] = (pages, kv)
-        _cache.move_to_end(key)
-        # Page stores share their unchanged pages; count each page array once.
-        def size() -> int:
-            seen = {id(x): x.nbytes for v in _cache.values() for x in v[0].values()}
-            return sum(seen.values()) + sum(v[1].nbytes for v in _cache.values())
-
-        while len(_cache) > 1 and (len(_cache) > _CACHE_ENTRIES or size() > _CACHE_BYTES):
-            _cache.popitem(last=False)
 
 
 Pages = dict[int, np.ndarray]  # page id -> its latest known content as token rows [P, 2 * Hkv * D] (never mutated)
@@ -236,8 +192,6 @@ def delta_arrays(chain: int, base: int, coded: tuple[np.ndarray, np.ndarray, np.
                  kv: np.ndarray) -> list[Any]:
     """The ArraySnapshots that replace a step's `attn_kv` in a bundle: the chain reference (`base`: the previous
     bundled call of the model, -1 for its first) plus the full kv (`coded` None) or the differing rows."""
-    from ..schema import ArraySnapshot
-
     ref = ArraySnapshot(REF, "int64", (2,), 0, np.array([chain, base], np.int64))
     if coded is None:
         return [ArraySnapshot("attn_kv", str(kv.dtype), tuple(kv.shape), 0, kv), ref]
@@ -246,104 +200,3 @@ def delta_arrays(chain: int, base: int, coded: tuple[np.ndarray, np.ndarray, np.
             ArraySnapshot(SRC, "int64", tuple(src.shape), 0, src),
             ArraySnapshot(DELTA, str(delta.dtype), tuple(kv.shape), 0, delta)]
 
-
-def stored_kv(step: Step, fetch: Callable[[int], Step] | None = None) -> np.ndarray:
-    """The step's `attn_kv` as stored (raw width), resolving a bundle's delta chain."""
-    a = {x.name: x for x in step.arrays}
-    if REF not in a:
-        return raw_values(step, "attn_kv")
-    chain, base = _ref(a, step.index)
-    hit = _cache_get((chain, step.index))
-    if hit is not None:
-        return hit[1]
-    if "attn_kv" in a:
-        kv = raw_values(step, "attn_kv")
-        # Remember the page store after it, so a sequential read (as `check` does) decodes the next call.
-        before = {} if base == NO_BASE else (_cache_get((chain, base)) or (None, None))[0]
-        if before is not None and "attn_page_ids" in a:
-            _cache_put((chain, step.index), advance(before, np.asarray(a["attn_page_ids"].values), kv), kv)
-        return kv
-    return _resolve(step, chain, fetch)
-
-
-def _ref(a: dict[str, Any], index: int) -> tuple[int, int]:
-    v = np.asarray(a[REF].values).reshape(-1)
-    if v.shape[0] != 2:
-        raise DeltaError(f"{REF} holds {v.shape[0]} values, not 2")
-    chain, base = int(v[0]), int(v[1])
-    if base != NO_BASE and not 0 <= base < index:
-        raise DeltaError(f"{REF} names base step {base}, which is not an earlier step")
-    return chain, base
-
-
-def _call_kv(s: Step, pages: Pages) -> tuple[np.ndarray, np.ndarray]:
-    a = {x.name: x for x in s.arrays}
-    if "attn_page_ids" not in a:
-        raise DeltaError(f"step {s.index}'s recorded call lacks attn_page_ids")
-    ids = np.asarray(a["attn_page_ids"].values).astype(np.int64)
-    if "attn_kv" in a:
-        return ids, raw_values(s, "attn_kv")
-    missing = [n for n in (ROWS, SRC, DELTA) if n not in a]
-    if missing:
-        raise DeltaError(f"step {s.index}'s delta-coded KV lacks {missing[0]}")
-    return ids, decode(ids, tuple(a[DELTA].shape), np.asarray(a[ROWS].values), np.asarray(a[SRC].values),
-                       raw_values(s, DELTA), pages)
-
-
-def _resolve(step: Step, chain: int, fetch: Callable[[int], Step] | None) -> np.ndarray:
-    """Walk back to a cached call or the model's first bundled call, then decode forward (caching each call)."""
-    opened: list[Any] = []
-    try:
-        get = fetch or _registry_fetch(chain, opened, step.index)
-        pending = [step]
-        pages: Pages = {}
-        while True:
-            a = {x.name: x for x in pending[-1].arrays}
-            if REF not in a:
-                raise DeltaError(f"step {pending[-1].index} is in the delta chain but has no {REF}")
-            c, base = _ref(a, pending[-1].index)
-            if c != chain:
-                raise DeltaError(f"step {pending[-1].index} belongs to another delta chain")
-            if base == NO_BASE:
-                break
-            hit = _cache_get((chain, base))
-            if hit is not None:
-                pages = hit[0]
-                break
-            if len(pending) > _MAX_CHAIN:
-                raise DeltaError("the delta chain of its KV pages does not end")
-            try:
-                pending.append(get(base))
-            except DeltaError:
-                raise
-            except Exception as e:  # noqa: BLE001 - the source's own error, as one sentence
-                raise DeltaError(f"its KV pages are stored as changes against step {base}, which cannot be read "
-                                 f"({type(e).__name__}: {e})") from None
-        kv = None
-        for s in reversed(pending):
-            ids, kv = _call_kv(s, pages)
-            pages = advance(pages, ids, kv)
-            _cache_put((chain, s.index), pages, kv)
-        assert kv is not None
-        return kv
-    finally:
-        for r in opened:
-            r.close()
-
-
-def _registry_fetch(chain: int, opened: list[Any], index: int) -> Callable[[int], Step]:
-    """A step reader over the first registered source of `chain` that still exists (opened on first use)."""
-
-    def get(i: int) -> Step:
-        if not opened:
-            with _lock:
-                paths = [p for p in _sources.get(chain, []) if os.path.exists(p)]
-            if not paths:
-                raise DeltaError(f"its KV pages are stored as changes against earlier steps of the bundle: open the "
-                                 f"bundle .zip (not an extracted trace.db), or read the steps in order (step {index})")
-            from ..reader import TraceReader
-
-            opened.append(TraceReader(paths[0]))
-        return opened[0].step(i, arrays=KV_ARRAYS)
-
-    return get
