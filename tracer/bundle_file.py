@@ -94,7 +94,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not is_bundle(path):
         return None
     try:
-        return json.loads(read_member(path, MANIFEST))
+        manifest: dict[str, Any] = json.loads(read_member(path, MANIFEST))  # bundle.json is an object
+        return manifest
     except (TraceError, ValueError):
         return None
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -63,7 +63,8 @@ _MAX_NDIM = 32
 
 
 def _header(codec: int, arr: np.ndarray) -> bytes:
-    dt = arr.dtype.str.encode("ascii")
+    # Typed: numpy's stubs give dtype.str as Any for Python 3.10, which mypy checks against.
+    dt: bytes = arr.dtype.str.encode("ascii")
     return (
         MAGIC
         + struct.pack("<BBB", VERSION, codec, len(dt))
@@ -115,6 +116,18 @@ def _payload(arr: np.ndarray) -> bytes:
     return arr.tobytes()
 
 
+class Compressor(Protocol):
+    """A zlib compression object, the stdlib's or zlib-ng's (zlib types its class only privately)."""
+
+    def compress(self, data: bytes, /) -> bytes:
+        """Compressed bytes of `data`, as far as they are ready."""
+        ...
+
+    def flush(self) -> bytes:
+        """The rest of the stream."""
+        ...
+
+
 class Base:
     """An array other arrays are compressed against, primed once: its zlib dictionary is set up only once."""
 
@@ -124,7 +137,7 @@ class Base:
         self.digest = digest
         self._compressor = _z.compressobj(ZLIB_LEVEL, zdict=_payload(arr)[-ZDICT_BYTES:])
 
-    def compressor(self) -> Any:
+    def compressor(self) -> Compressor:
         """A fresh compressor with this base as its dictionary (copying beats re-priming)."""
         return self._compressor.copy()
 
@@ -199,7 +212,7 @@ def _cached_header(arr: np.ndarray, compress: bool) -> tuple[bytes, bool]:
 def _delta_coded(arr: np.ndarray) -> np.ndarray:
     """Each element minus its left neighbour along the last axis. Integer subtraction wraps, so a cumsum in the
     same dtype restores the values exactly."""
-    data = arr.copy()
+    data: np.ndarray = arr.copy()  # numpy's stubs give ndarray.copy() as Any for Python 3.10
     np.subtract(data[..., 1:], arr[..., :-1], out=data[..., 1:])
     return data
 

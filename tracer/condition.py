@@ -86,7 +86,7 @@ class Condition:
         if isinstance(t, _Operand):
             v = t.get(row, prev)
             return v is not _Missing and v is not None and bool(v)
-        op = t[0]
+        op: str = t[0]  # an inner node: (op, left, right), or ("not", operand)
         if op == "and":
             return self._eval(t[1], row, prev) and self._eval(t[2], row, prev)
         if op == "or":

@@ -79,7 +79,7 @@ class DiffReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
-        return _jsonable(asdict(self))
+        return {k: _jsonable(v) for k, v in asdict(self).items()}
 
 
 def _fmt(v: Any) -> str:

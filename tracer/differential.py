@@ -35,7 +35,8 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray, sc
     s = s - s.max(axis=-1, keepdims=True)
     w = np.exp(s)
     w /= w.sum(axis=-1, keepdims=True)
-    return np.einsum("hqk,khd->qhd", w, v)
+    out: np.ndarray = np.einsum("hqk,khd->qhd", w, v)  # numpy types einsum's result as Any
+    return out
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:

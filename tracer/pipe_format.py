@@ -243,7 +243,8 @@ def _view(data: memoryview, base: int, spec: list[Any]) -> np.ndarray:
     count = 1
     for x in shape:
         count *= x
-    return np.frombuffer(data, dtype, count, base + off).reshape(shape)
+    arr: np.ndarray = np.frombuffer(data, dtype, count, base + off).reshape(shape)  # wire shape: reshape(Any) is Any
+    return arr
 
 
 def decode_step_frame(data: bytes) -> tables.StepColumns:
@@ -347,7 +348,8 @@ def decode_message(msg: bytes) -> tuple[str, Any]:
         return "frame", msg
     if head == FAST_STEPS:
         return "steps", _batch_decoder.decode(memoryview(msg)[1:])
-    return pickle.loads(msg)
+    message: tuple[str, Any] = pickle.loads(msg)  # what encode_frame pickled: (kind, payload)
+    return message
 
 
 def encode_start(path: str, run: dict[str, Any], overwrite: bool) -> bytes:

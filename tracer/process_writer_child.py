@@ -53,7 +53,8 @@ class _Input:
         left = self.end - self.pos
         if left < LENGTH.size:
             return False
-        return left >= LENGTH.size + LENGTH.unpack_from(self.buf, self.pos)[0]
+        length: int = LENGTH.unpack_from(self.buf, self.pos)[0]
+        return left >= LENGTH.size + length
 
     def _make_room(self) -> None:
         need = _READ_CHUNK

@@ -1,6 +1,6 @@
 """The trace store: one SQLite file (WAL) per trace, written by TraceWriter and read by TraceReader.
 
-The table layout is in `tables.py` and `docs/trace-format.md`.
+The table layout is in `tables/layout.py` and `docs/trace-format.md`.
 """
 
 from __future__ import annotations

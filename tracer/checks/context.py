@@ -113,7 +113,7 @@ def pages_read(c: Ctx, b: int) -> int:
         # Reported as I2 by `checker._guard`: the TypeError (and message) indexing the missing array would raise.
         raise TypeError("'NoneType' object is not subscriptable")
     assert pt is not None, "callers check the page table is recorded"
-    return min(max(-(-int(cs[b]) // c.step.page_size), 0), pt.shape[1])
+    return min(max(-(-int(cs[b]) // c.step.page_size), 0), int(pt.shape[1]))
 
 
 def _token_rows(c: Ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
