@@ -1,9 +1,10 @@
 """The engine-side control point of live mode: a run pauses between forwards when a viewer asks it to.
 
 `specscope run --control PATH` connects to the Unix socket a viewer (the live TUI) listens on, and after each
-recorded step the wrapped recorder calls `ControlPoint.after_step`. Both sides speak JSON lines; the protocol
-is documented in docs/tui.md ("Control channel"). The engine never imports the viewer, the viewer never imports
-the engine: this socket is the whole interface.
+forward the engine calls `ControlPoint.after_step` (its step callback, `Engine.on_step_end`), with the trace on or
+off: with one, the index it reports is the trace's step index and its flush makes the step readable there. Both
+sides speak JSON lines; the protocol is documented in docs/tui.md ("Control channel"). The engine never imports the
+viewer, the viewer never imports the engine: this socket is the whole interface.
 
 Engine -> viewer: {"event": "hello", "protocol": 1, "pid": N}, {"event": "step", "index": i, "iteration": it}
 (sync mode only), {"event": "paused", "index": i, "iteration": it}, {"event": "running"}, {"event": "done"}.
@@ -119,7 +120,8 @@ class ControlPoint:
     # -- the control point -------------------------------------------------------------------------
 
     def after_step(self, index: int, iteration: int, flush: Callable[[], None]) -> None:
-        """Called once per recorded forward: apply waiting commands, then pause or wait for the ack if asked."""
+        """Called once per forward (captures included): apply waiting commands, then pause or wait for the ack if
+        asked; `flush` makes every ended step readable in the trace before the viewer hears of this one."""
         while True:
             msg = self._read(block=False)
             if msg is None:
@@ -173,31 +175,3 @@ class ControlPoint:
             self._sock.close()
         except OSError:
             pass
-
-
-class ControlledRecorder:
-    """Wraps the session's recorder: every call passes through, and after each step the control point runs."""
-
-    def __init__(self, inner: Any, control: ControlPoint) -> None:
-        self._inner = inner
-        self._control = control
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def end_step(self, rec: Any) -> None:
-        """Close the step in the recorder, then let the viewer hold the engine here."""
-        self._inner.end_step(rec)
-        self._control.after_step(int(rec.index), int(rec.iteration), self._flush)
-
-    def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> Any:
-        """Pass-through."""
-        return self._inner.span(rec, stream, name, cuda_stream)
-
-    def _flush(self) -> None:
-        inner = self._inner
-        # Only when pausing or in sync mode, never on the free-running path: drain, synchronize, write.
-        inner.flush_pending()
-        writer = getattr(inner, "writer", None)
-        if writer is not None:
-            writer.flush()

@@ -2,7 +2,10 @@
 spec-v2 worker does (topk=1 chain, N drafts, T = N+1 verified tokens per request): N-1 draft decodes (the first
 draft token comes from the previous draft extend's logits) -> target verify -> accept on the device -> draft extend
 over the verified tokens, whose logits at the last accepted position give the next first draft token. Plain
-decode when there is no draft. Every forward goes through the TRTLLM MHA backend and is recorded.
+decode when there is no draft. Every forward goes through the TRTLLM MHA backend and is recorded through the probe
+(`tracer.probe`; `NullProbe` with tracing off). The engine numbers its forwards itself (graph captures included, in
+the order they are launched, as the trace numbers its steps) and after each one calls `on_step_end`, where a live
+viewer can hold the run (`backend/control.py`), recorded or not.
 
 Sequence conventions (SGLang spec v2): a running request has `seq_len` = S committed KV positions in the target
 and a root token (the newest output) at position S that is not in the target's KV cache yet. The draft reads token
@@ -18,12 +21,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..tracer.recorder import NullRecorder
+from ..tracer.probe import Probe, StepRecord
 from ..tracer.schema import ForwardMode, RequestRecord
 from .engine_config import EngineConfig
 from .forward_batch import ForwardBatch
@@ -31,10 +35,18 @@ from .host_inputs import HostInputs
 from .memory import PageAllocator, PageWrites, ReqToTokenPool, RequestKV
 from .model import LlamaForCausalLM
 from .model_config import ModelConfig
-from .model_runner import EngineRecorder, ModelRunner, request_states
+from .model_runner import ModelRunner, request_states
 from .request import Request
 from .sampling import greedy_accept_device, rejection_accept_device, sample_device
 from .streams import Streams, nvtx, nvtx_wanted
+
+if TYPE_CHECKING:
+    from ..tracer.probe import RequestColumns, Steps
+
+
+# Called after every forward (captures included) with its step index, its iteration (-1 for a capture) and a flush
+# that makes every ended step readable in the trace (nothing without one): `ControlPoint.after_step`'s signature.
+StepCallback = Callable[[int, int, Callable[[], None]], None]
 
 
 @dataclass
@@ -61,10 +73,16 @@ class Engine:
     """Drives real draft/verify steps for a list of requests."""
 
     def __init__(self, cfg: EngineConfig, target: tuple[LlamaForCausalLM, ModelConfig],
-                 draft: tuple[LlamaForCausalLM, ModelConfig] | None, kernels: Any, recorder: EngineRecorder) -> None:
+                 draft: tuple[LlamaForCausalLM, ModelConfig] | None, kernels: Any, recorder: Probe,
+                 on_step_end: StepCallback | None = None) -> None:
         self.cfg = cfg
         self.device = torch.device(cfg.device)
-        self.recorder = recorder
+        self.recorder: Probe = recorder  # the tracer's Recorder, or NullProbe with tracing off
+        self.on_step_end = on_step_end
+        # Forwards launched so far, graph captures included: the next forward's step index. The recorder numbers
+        # steps in the same order (`Recorder.assign_index` at launch, `end_step` for a capture), so with recording on
+        # the index reported to `on_step_end` is the trace's.
+        self.forwards = 0
         spec_draft = draft if cfg.spec_steps > 0 else None  # a draft runs only when the run speculates
         self.spec = spec_draft is not None
         self.T = cfg.verify_tokens if self.spec else 1
@@ -117,9 +135,8 @@ class Engine:
         self.draft_extend_graph = getattr(kernels, "prefill", "") != "flashinfer" and cfg.draft_extend_graph
         if cfg.cuda_graph:
             if recorder.enabled:
-                # Replays write their snapshots into device rows inside the graph (tracer.recorder.SnapshotRing).
+                # Replays write their snapshots into device rows inside the graph (tracer.ring_pack.SnapshotRing).
                 runners = [self.target] + ([self.draft] if self.draft is not None else [])
-                assert not isinstance(recorder, NullRecorder)  # a NullRecorder is never enabled
                 recorder.open_ring(max(r.max_pack_len(cfg.batch_size, self.T) for r in runners))
             self._capture()
 
@@ -134,17 +151,24 @@ class Engine:
             ladder = list(self.cfg.graph_batch_sizes) or None
             if not self.spec:
                 self.target.capture_graphs([(ForwardMode.DECODE, None, 1)], self.cfg.batch_size,
-                                           self._template(self.target), ladder)
+                                           self._template(self.target), ladder, self._captured)
                 return
             self.target.capture_graphs([(ForwardMode.TARGET_VERIFY, None, self.T)], self.cfg.batch_size,
-                                       self._template(self.target), ladder)
+                                       self._template(self.target), ladder, self._captured)
             draft = self.draft
             assert draft is not None  # a speculative engine has a draft runner
             modes: list[tuple[ForwardMode, int | None, int]] = [
                 (ForwardMode.DRAFT_DECODE, i, 1) for i in range(self.num_draft_steps)]
             if self.draft_extend_graph:
                 modes.append((ForwardMode.DRAFT_EXTEND, None, self.T))
-            draft.capture_graphs(modes, self.cfg.batch_size, self._template(draft), ladder)
+            draft.capture_graphs(modes, self.cfg.batch_size, self._template(draft), ladder, self._captured)
+
+    def _captured(self) -> None:
+        """A graph capture ended: it is a forward (and a recorded step) of iteration -1."""
+        index = self.forwards
+        self.forwards = index + 1
+        if self.on_step_end is not None:
+            self.on_step_end(index, -1, self.recorder.flush)
 
     # ---- the run -------------------------------------------------------------------------------------
     def run(self, requests: list[Request], progress: Callable[[int, int], None] | None = None) -> RunStats:
@@ -216,23 +240,26 @@ class Engine:
             extend_seq_lens_cpu=None if uniform else list(q_lens), spec_step_id=step_id,
             num_tokens_per_req=q_lens[0] if uniform else 1)
 
-    def _forward(self, runner: ModelRunner, fb: ForwardBatch, states: Callable[[], dict[str, list[Any]]],
+    def _forward(self, runner: ModelRunner, fb: ForwardBatch, states: Callable[[], RequestColumns],
                  logits_indices: torch.Tensor | None = None) -> torch.Tensor:
         """Prepare and execute one forward on the compute stream, recorded as one step."""
         rec, graph = runner.begin(fb, self.iteration, self.K)
         compute = self.streams.compute
         with self._span(rec, "compute", "metadata", compute):
             prep = runner.prepare(fb, graph, rec)
+        index = self.forwards  # numbered at launch, as the recorder numbers it
+        self.forwards = index + 1
         logits = runner.execute(prep, rec, logits_indices)  # its span "forward" is timed inside
-        self._end(rec, states)
+        self._end(rec, index, states)
         return logits
 
-    def _end(self, rec: Any, states: Callable[[], dict[str, list[Any]]]) -> None:
-        """Close a recorded step (None: untraced); `states` makes its request rows when the step is resolved, under
-        later GPU work: nothing they read changes any more."""
+    def _end(self, rec: StepRecord | None, index: int, states: Callable[[], RequestColumns]) -> None:
+        """Close forward `index`: its recorded step (None: untraced), where `states` makes its request rows when the
+        step is resolved, under later GPU work (nothing they read changes any more); then the step callback."""
         if rec is not None:
-            rec.requests = states
-            self.recorder.end_step(rec)
+            self.recorder.end_step(rec, states)
+        if self.on_step_end is not None:
+            self.on_step_end(index, self.iteration, self.recorder.flush)
 
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Next tokens int64 `[n]` (argmax, or sampled at temperature) and their probabilities float32 `[n, V]`
@@ -415,9 +442,11 @@ class Engine:
                 preps = [draft.prepare(fb, graph, rec) for fb, rec, graph in steps]
         for i, ((fb, rec, _), prep) in enumerate(zip(steps, preps, strict=True)):
             fb.input_ids = tok  # the draft-dependent input: the previous step's token
+            index = self.forwards
+            self.forwards = index + 1
             with nvtx(f"draft step {i}", self.nvtx):
                 logits = draft.execute(prep, rec)
-            self._end(rec, lambda: request_states(reqs, s, s, [1] * bs))
+            self._end(rec, index, lambda: request_states(reqs, s, s, [1] * bs))
             tok, probs = self._sample(logits)
             drafts.append(tok)
             if probs is not None:
@@ -440,6 +469,8 @@ class Engine:
                     recorder.fired(rec_v, ["missing-fixup-hook"])
         draft_mat = torch.stack(drafts, 1)  # int64 [bs, N]
         verify_ids.copy_(torch.cat([self.root_tok[rpi][:, None], draft_mat], 1).view(-1))
+        index_v = self.forwards
+        self.forwards = index_v + 1
         with nvtx("verify", self.nvtx):
             logits_v = self.target.execute(pv, rec_v)
         # Draft-extend metadata needs only S + T, so it is planned under the verify forward.
@@ -461,6 +492,8 @@ class Engine:
         ext_ids.copy_(committed.reshape(-1))
         if streams.compute_wait_plan():
             recorder.wait(rec_e, "compute", "plan", "metadata")
+        index_e = self.forwards
+        self.forwards = index_e + 1
         with nvtx("draft extend", self.nvtx):
             logits_e = draft.execute(pe, rec_e, rows_b * T + accept_len - 1)
         self._keep_first_drafts(rpi, logits_e)
@@ -472,7 +505,7 @@ class Engine:
         for r, acc in zip(reqs, accepted, strict=True):
             r.commit(acc, self.iteration)
         s_after = [x + len(a) for x, a in zip(s, accepted, strict=True)]
-        self._end(rec_v, lambda: request_states(reqs, s, s_after, [T] * bs,
+        self._end(rec_v, index_v, lambda: request_states(reqs, s, s_after, [T] * bs,
                                                 [host[b * N:(b + 1) * N] for b in range(bs)], accepted))
         lens = host[a0:a0 + bs]
         self.stats.verify_rows += bs
@@ -480,7 +513,7 @@ class Engine:
         by_pos = self.stats.accepted_by_position
         for j in range(T - 1):  # draft position j was accepted in every row that kept more than j + 1 tokens
             by_pos[j] += sum(1 for n in lens if n > j + 1)
-        self._end(rec_e, lambda: request_states(reqs, s, [x + T for x in s], [T] * bs))
+        self._end(rec_e, index_e, lambda: request_states(reqs, s, [x + T for x in s], [T] * bs))
 
         # Commit: rejected draft slots past the new length go back to the allocator.
         for r, n in zip(reqs, s_after, strict=True):
@@ -488,5 +521,6 @@ class Engine:
             assert r.kv is not None  # a running request holds its KV from its prefill on
             r.kv.shrink(n, self.pages, self.r2t)
 
-    def _span(self, rec: Any, stream: str, name: str, cuda_stream: Any) -> Any:
+    def _span(self, rec: Steps, stream: str, name: str,
+              cuda_stream: torch.cuda.Stream | None) -> AbstractContextManager[None]:
         return self.recorder.span(rec, stream, name, cuda_stream)

@@ -34,7 +34,7 @@ def capture_ladder(max_bs: int) -> list[int]:
 class _Captured:
     graph: torch.cuda.CUDAGraph | None
     logits: torch.Tensor | None  # static output buffer (GPU); None on the CPU
-    ring_len: int = 0  # values each replay writes into its snapshot-ring row (tracing)
+    ring_len: int = 0  # values each replay writes into its snapshot-ring row (tracing; on the CPU: set by replays)
 
 
 class GraphRunner:
@@ -58,7 +58,8 @@ class GraphRunner:
         self.use_cuda_graph = device.type == "cuda"
         self.pad_seq_len_from_live = pad_seq_len_from_live  # fault `padded-row-seqlen`
         # When tracing: writes the recorder's snapshot into its snapshot ring's current row (device ops only, so
-        # the graph computes it on every replay) and returns its length (ModelRunner.write_snapshot_row).
+        # the graph computes it on every replay) and returns its length (ModelRunner.write_snapshot_row), which
+        # `ring_len` gives the replay's record.
         self.ring_write = ring_write
         # tracer.stamps.StampRing of the compute stream: when tracing, each replay stamps its first and last node
         # itself (the recorder numbers the two stamps, `Recorder.graph_span`).
@@ -202,19 +203,24 @@ class GraphRunner:
             input_ids.zero_()
             positions.zero_()
 
-    def replay(self, fb: ForwardBatch, raw_num_tokens: int) -> tuple[torch.Tensor, int]:
-        """Run the captured forward over the static buffers; returns (logits of the live tokens, the number of
-        values written into the snapshot ring: 0 when not tracing)."""
+    def ring_len(self, bs: int) -> int:
+        """The number of values a replay of captured size `bs` writes into its snapshot-ring row (0 when not tracing;
+        on the CPU known once that size has been replayed)."""
+        return self.captured[bs].ring_len
+
+    def replay(self, fb: ForwardBatch, raw_num_tokens: int) -> torch.Tensor:
+        """Run the captured forward over the static buffers; returns the logits of the live tokens (its snapshot,
+        when tracing, is in a ring row: `ring_len` values)."""
         cap = self.captured[fb.batch_size]
         if cap.graph is not None:
             cap.graph.replay()  # its snapshot, when tracing, is in a ring row
             assert cap.logits is not None  # a captured graph keeps its static logits buffer
-            return cap.logits[:raw_num_tokens], cap.ring_len
+            return cap.logits[:raw_num_tokens]
         if self.stamps is not None:
             self.stamps.launch()  # the emulated graph stamps where the captured one does
         try:
             logits = self.forward(fb.input_ids, fb.positions, fb)[:raw_num_tokens]
-            ring_len = self._snapshot(fb)  # the emulated graph writes the ring as the captured one does
+            cap.ring_len = self._snapshot(fb)  # the emulated graph writes the ring as the captured one does
         except Exception:
             if self.stamps is not None:  # a kernel refused its arguments: keep the ring's numbering in step
                 self.stamps.launch()
@@ -222,4 +228,4 @@ class GraphRunner:
             raise
         if self.stamps is not None:
             self.stamps.launch()
-        return logits, ring_len
+        return logits

@@ -7,25 +7,20 @@ inputs, the snapshot of what the kernels will consume, the forward or graph repl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
 import torch
 
-from ..tracer.recorder import NullRecorder, Recorder, StepRecord, is_sticky_cuda_error
+from ..tracer.probe import Probe, StepRecord, is_sticky_cuda_error
 from ..tracer.schema import ForwardMode, GraphPhase
-from .control import ControlledRecorder
 from .forward_batch import ForwardBatch
 from .graph_runner import GraphRunner
 from .memory import KVPool, ReqToTokenPool
 from .model import LlamaForCausalLM
 from .trtllm_mha_backend import AttentionKernels, MissingFixupHookBackend, TRTLLMHABackend
-
-# What the engine records through: the tracer's Recorder, the no-op NullRecorder, or the live viewer's
-# ControlledRecorder around either (it passes every other call through).
-EngineRecorder = Recorder | NullRecorder | ControlledRecorder
 
 
 @dataclass
@@ -45,7 +40,7 @@ class ModelRunner:
         self, *, name: str, model: LlamaForCausalLM, num_layers: int, num_kv_heads: int, head_dim: int,
         dtype: torch.dtype, r2t: ReqToTokenPool, num_kv_pages: int, page_size: int,
         max_context_len: int, num_draft_tokens: int, num_draft_steps: int, kernels: AttentionKernels,
-        device: torch.device, faults: frozenset[str], recorder: EngineRecorder,
+        device: torch.device, faults: frozenset[str], recorder: Probe,
         num_q_heads: int = 0, max_bs: int = 1, tokens_per_req: int = 1, attention_every: int = 0,
     ) -> None:
         self.name = name
@@ -54,10 +49,7 @@ class ModelRunner:
         self.page_size = page_size
         self.num_kv_pages = num_kv_pages
         self.device = device
-        self.recorder = recorder
-        # The recorder on the paths only tracing reaches (the snapshot ring, deferred replay records); None for a
-        # NullRecorder, which opens no ring and defers nothing.
-        self._tracer = None if isinstance(recorder, NullRecorder) else recorder
+        self.recorder: Probe = recorder  # the tracer's Recorder, or NullProbe with tracing off
         self.faults = faults
         self.kv_pool = KVPool(num_layers, num_kv_pages, page_size, num_kv_heads, head_dim, dtype, device)
         missing_hook = name == "target" and "missing-fixup-hook" in faults
@@ -100,8 +92,10 @@ class ModelRunner:
 
     # ---- graphs --------------------------------------------------------------------------------------
     def capture_graphs(self, modes: Sequence[tuple[ForwardMode, int | None, int]], max_bs: int,
-                       template: ForwardBatch, ladder: list[int] | None = None) -> None:
-        """Capture (mode, step_id, tokens/request) for every ladder size; each capture is a recorded step."""
+                       template: ForwardBatch, ladder: list[int] | None = None,
+                       on_captured: Callable[[], None] | None = None) -> None:
+        """Capture (mode, step_id, tokens/request) for every ladder size; each capture is a recorded step, and
+        `on_captured` is called after each (the engine counts captures among its forwards)."""
         self._run_later()
         for mode, step_id, tpr in modes:
             backend = self.backend_for(mode, step_id)
@@ -130,6 +124,8 @@ class ModelRunner:
                 if rec is not None:
                     self.record_snapshot(rec, backend, fb)
                     self.recorder.end_step(rec)
+                if on_captured is not None:
+                    on_captured()
 
     def _record_failure(self, rec: StepRecord | None, backend: TRTLLMHABackend, fb: ForwardBatch) -> _RecordFailure:
         """If the forward raises (a kernel rejecting its arguments, a sticky CUDA error), still record the step:
@@ -192,21 +188,20 @@ class ModelRunner:
             with self._record_failure(rec, prep.backend, prep.fb):
                 # Traced, the graph stamps its own span ("forward": first node to last).
                 if rec is not None and stamps is not None:
-                    logits, ring_len = prep.runner.replay(prep.fb, prep.live.num_tokens)
+                    logits = prep.runner.replay(prep.fb, prep.live.num_tokens)
                     self.recorder.graph_span(rec, "compute", "forward", stamps)
                 else:
                     with span(rec, "compute", "forward", self.compute_stream):
-                        logits, ring_len = prep.runner.replay(prep.fb, prep.live.num_tokens)
+                        logits = prep.runner.replay(prep.fb, prep.live.num_tokens)
             if rec is not None:
                 # The replay's ring row is numbered now (launch order); the rest of its record reads objects nothing
                 # changes before this runner is prepared again, so it is made at the next poll, where the host waits
-                # for the GPU, not here, where the GPU may be waiting for the next launch.
-                tracer = self._tracer
-                # A step is recorded only while tracing, and a traced engine's graphs write the snapshot ring.
-                assert tracer is not None and ring_len > 0
-                seq = tracer.claim_row()
+                # for the GPU, not here, where the GPU may be waiting for the next launch (the row's length too: it is
+                # the captured graph's).
+                recorder = self.recorder
+                seq = recorder.claim_row()
                 self._deferred_for.update((prep.runner, prep.backend))
-                tracer.later(self._record_replay, rec, prep.backend, prep.fb, ring_len, seq, prep.runner)
+                recorder.later(self._record_replay, rec, prep.backend, prep.fb, seq, prep.runner)
                 self.record_attention(rec, prep, replayed=self.device.type == "cuda")
             return logits if logits_indices is None else logits[logits_indices]
         with self._record_failure(rec, prep.backend, prep.fb), span(rec, "compute", "forward", self.compute_stream):
@@ -218,15 +213,17 @@ class ModelRunner:
         return logits
 
     def _run_later(self) -> None:
-        if self._deferred_for:
-            tracer = self._tracer
-            assert tracer is not None  # records are deferred only while tracing
-            tracer.run_later()
+        if self._deferred_for:  # records are deferred only while tracing
+            self.recorder.run_later()
 
-    def _record_replay(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch, ring_len: int, seq: int,
+    def _record_replay(self, rec: StepRecord, backend: TRTLLMHABackend, fb: ForwardBatch, seq: int,
                        runner: GraphRunner) -> None:
+        """A replay's deferred record: its snapshot-ring row `seq` holds `runner.ring_len` values of `fb`'s metadata."""
         self._deferred_for.discard(runner)
         self._deferred_for.discard(backend)
+        ring_len = runner.ring_len(fb.batch_size)
+        # A step is recorded only while tracing, and a traced engine's graphs write the snapshot ring.
+        assert ring_len > 0
         self.record_snapshot(rec, backend, fb, ring_len, seq)
 
     def record_attention(self, rec: StepRecord, prep: Prepared, replayed: bool) -> None:
@@ -300,9 +297,8 @@ class ModelRunner:
         """Write `pack_snapshot`'s values into the recorder's snapshot ring (its current row; device ops only, so a
         graph captures them) and return their number: one kernel where the ring has a packer (GPU with Triton) and
         the row is small enough for it, else the torch pack and a row copy."""
-        tracer = self._tracer
         # A graph writes ring rows only where the ring was open when it was captured (and it stays open).
-        ring = tracer.ring if tracer is not None else None
+        ring = self.recorder.ring
         assert ring is not None
         if ring.packer is not None:
             parts = [t.reshape(-1) for t in self._metadata_values(backend, fb)]
@@ -349,9 +345,7 @@ class ModelRunner:
         if crop is None:
             crop = self._crops[width] = {"page_table": width, "req_to_token_page_starts": width}
         if replay:
-            tracer = self._tracer
-            assert tracer is not None  # only a tracing recorder opens the ring replays write into
-            tracer.snapshot_ring(rec, ring_len, layout, crop, seq)
+            self.recorder.snapshot_ring(rec, ring_len, layout, crop, seq)
         else:
             self.recorder.snapshot_pack(rec, self.pack_snapshot(backend, fb), layout, crop_cols=crop)
         scalars = {

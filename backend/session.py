@@ -17,17 +17,17 @@ import torch
 
 from ..tracer.errors import TraceError
 from ..tracer.live_check import CheckResult, LiveCheck
+from ..tracer.probe import NullProbe, Probe, is_sticky_cuda_error
 from ..tracer.process_writer import ProcessTraceWriter
-from ..tracer.recorder import NullRecorder, Recorder, is_sticky_cuda_error, keep_until_exit
+from ..tracer.recorder import Recorder, keep_until_exit
 from ..tracer.schema import RunInfo
 from . import fused_ops
-from .control import ControlledRecorder, ControlPoint, RunStopped
+from .control import ControlPoint, RunStopped
 from .engine import Engine, RunStats
 from .engine_config import ConfigError, EngineConfig
 from .loader import load_model, tokenizer_kind
 from .model import LlamaForCausalLM
 from .model_config import ModelConfig
-from .model_runner import EngineRecorder
 from .request import Request
 from .workload import make_requests
 
@@ -167,7 +167,7 @@ class _Parts:
     kernels: Any
     device_name: str
     writer: ProcessTraceWriter | None
-    recorder: EngineRecorder
+    recorder: Probe
     control: ControlPoint | None
     engine: Engine | None = None
     ended_by: BaseException | None = None  # what ended the run early (the trace's end record says), None: nothing
@@ -220,7 +220,7 @@ def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwri
     cap = ".".join(map(str, torch.cuda.get_device_capability(dev))) if dev.type == "cuda" else None
     writer = None
     checker = None
-    recorder: EngineRecorder = NullRecorder()
+    recorder: Probe = NullProbe()
     if trace_path:
         info = RunInfo(command=command, config=cfg.to_dict(), target_model=str(cfg.model),
                        draft_model=str(cfg.draft) if cfg.spec_steps else None, device=device_name,
@@ -236,8 +236,6 @@ def _prepare(cfg: EngineConfig, trace_path: str | None, *, command: str, overwri
             raise ConfigError(f"cannot record on {device_name}: {e} (--no-trace runs without recording)") from e
         if check:  # the writer has created the trace: the checker follows it from its first step
             checker = LiveCheck(trace_path)
-    if control is not None:
-        recorder = ControlledRecorder(recorder, control)
     return _Parts(cfg, trace_path, target, draft, tcfg, byte_level, stops, requests, kernels, device_name, writer,
                   recorder, control, checker=checker)
 
@@ -265,7 +263,9 @@ def _engine_scope(parts: _Parts) -> Iterator[Engine]:
     """Build the engine (graph capture included); on the way out, close the trace and the control point, and
     keep a dead CUDA context's tensors alive past a sticky CUDA error."""
     try:
-        parts.engine = Engine(parts.cfg, parts.target, parts.draft, parts.kernels, parts.recorder)
+        # The live viewer holds the run between forwards through the engine's step callback, traced or not.
+        on_step_end = parts.control.after_step if parts.control is not None else None
+        parts.engine = Engine(parts.cfg, parts.target, parts.draft, parts.kernels, parts.recorder, on_step_end)
         yield parts.engine
     except BaseException as e:
         parts.ended_by = parts.ended_by or e
@@ -377,8 +377,8 @@ def run_session(cfg: EngineConfig, trace_path: str | None, *, command: str, over
                 control: ControlPoint | None = None, check: bool = True,
                 recorder: RecorderFactory = Recorder) -> SessionResult:
     """Run `cfg` end to end, recording into `trace_path` (no trace when None); `control` lets a live viewer
-    pause the engine after each recorded step (backend/control.py); `check` runs the invariant catalogue beside
-    the writer (a separate process the session starts and finishes, tracer/live_check.py), so the trace carries
+    pause the engine after each forward, recorded or not (backend/control.py); `check` runs the invariant catalogue
+    beside the writer (a separate process the session starts and finishes, tracer/live_check.py), so the trace carries
     its violations; `recorder` makes the trace's recorder from its writer and the device (the tracer's Recorder
     unless a caller hands in another)."""
     parts = _prepare(cfg, trace_path, command=command, overwrite=overwrite, random_weights=random_weights,

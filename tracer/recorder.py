@@ -6,7 +6,8 @@ Hot-path rule: on a GPU nothing here synchronizes. Metadata snapshots are copied
 graph); spans are timed by stamps the GPU writes itself (`tracer.stamps`: captured in the graphs, one driver call
 when eager), all on one device clock; a step is turned into a record only once its stamps and copies have landed
 (`poll`), and the SQLite work happens in the writer's process.
-With tracing off the engine uses `NullRecorder`, whose methods do nothing.
+The engine calls it through the `tracer.probe.Probe` protocol; with tracing off it calls `NullProbe`, whose
+methods do nothing.
 
 What the engine records are facts, never verdicts: spans (stream, documented name, start/end ns), the wait
 edges it really enqueued (`StreamWait`), calls that raised (`CallError`, message verbatim) and, for fault
@@ -15,32 +16,37 @@ accounting only, the injected faults that changed a step. Only `tracer/checks/` 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 
 from .errors import TraceError
+from .probe import _NO_SPAN as _NO_SPAN  # benchmarks/recorder_ablation.py's do-nothing span
+from .probe import StepRecord as StepRecord
+from .probe import _PendingPack, _PendingSpan
+from .probe import is_sticky_cuda_error as is_sticky_cuda_error
 from .process_writer import ProcessTraceWriter
-from .ring_pack import RingPacker, fused_wanted
+from .ring_pack import SnapshotRing as SnapshotRing
 from .schema import CallError, ForwardMode, GraphPhase, RequestRecord
-from .stamps import DrainedRing, StampClock, StampRing, bracket_offset
+from .stamps import StampClock, StampRing, bracket_offset
 
-_NP_DTYPES = {torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8",
-              torch.bool: "bool", torch.float32: "float32"}
+if TYPE_CHECKING:
+    from .probe import Layout, LayoutEntry, RequestColumns, Steps
+
+_NP_DTYPES: dict[torch.dtype | str, str] = {
+    torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8", torch.bool: "bool",
+    torch.float32: "float32"}
 _LAYOUTS_KEPT = 4096  # distinct snapshot layouts interned (a graph replay's repeats; eager steps vary)
 
 
 _DEAD_CONTEXT_OBJECTS: list[Any] = []
 RING_BYTES = 64 << 20  # device (and pinned host) memory of the snapshot ring
-DRAIN_EVERY = 8  # replays per snapshot-ring drain: few enough that a drain never frees a burst of steps at once
 RESOLVE_PER_POLL = 32  # steps resolved per hot-path poll (an iteration makes 3-7)
 # Steps ended between two resolving polls: resolving, encoding and sending a batch in one pass runs on caches the
 # previous step of the pass warmed, where one record per iteration, between the engine's own work, runs on caches
@@ -83,60 +89,6 @@ def end_of(exc: BaseException | None, stopped: bool = False) -> tuple[str, str]:
     return ("cuda_error" if is_sticky_cuda_error(exc) else "error"), detail
 
 
-def is_sticky_cuda_error(e: BaseException) -> bool:
-    """A CUDA error that poisons the context (illegal address, launch failure): every later call fails too."""
-    return type(e).__name__ == "AcceleratorError" or (isinstance(e, RuntimeError) and "CUDA error" in str(e))
-
-
-@dataclass(slots=True)
-class _PendingPack:
-    host: torch.Tensor | None  # int64 host copy of the packed snapshot (a pinned-ring slice on a GPU)
-    layout: list[tuple[str, torch.dtype, tuple[int, ...], int]]  # name, dtype, full shape, data_ptr
-    crop_cols: dict[str, int]
-    slot: tuple[int, int] | None = None  # pinned-ring slot (GPU)
-    seq: int | None = None  # a graph replay's row in the SnapshotRing (its values arrive with a drain)
-    length: int = 0
-
-
-@dataclass(slots=True)
-class _PendingSpan:
-    stream: str
-    name: str
-    start: Any  # int ns on the host clock, or (StampRing, stamp number) until the stamp's value is read
-    end: Any
-
-
-@dataclass(eq=False, slots=True)  # identity: the recorder finds records in its lists by object, not by value
-class StepRecord:
-    """A step under construction; the engine fills it, `Recorder.end_step` queues it."""
-
-    index: int
-    iteration: int
-    mode: ForwardMode
-    model: str
-    step_id: int | None
-    batch_size: int
-    padded_batch_size: int
-    graph: GraphPhase
-    tokens_per_request: int
-    num_draft_tokens: int
-    page_size: int
-    start_ns: int
-    end_ns: int = 0
-    scalars: dict[str, int] = field(default_factory=dict)
-    # columns (see process_writer), or a function that makes them from values that no longer change (a draft
-    # step's requests and lengths): called when the step is resolved, off the launch path
-    requests: Any = field(default_factory=dict)
-    packs: list[_PendingPack] = field(default_factory=list)
-    floats: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # sampled attention inputs/outputs
-    host_arrays: list[tuple[str, np.ndarray, int]] = field(default_factory=list)  # host tensors: name, copy, ptr
-    spans: list[_PendingSpan] = field(default_factory=list)
-    waits: list[tuple[str, str, str]] = field(default_factory=list)  # StreamWait fields: stream, on_stream, on_span
-    errors: list[CallError] = field(default_factory=list)
-    faults_fired: list[str] = field(default_factory=list)
-    done_event: Any = None  # CUDA event after the last async copy of this step (host-copied snapshots only)
-
-
 class _Span:
     """`Recorder.span`: on a stamp ring, a stamp on entry and on a clean exit; without one (a host region on a GPU
     run), host clock times. A small class: a generator-based context manager cost several µs per span on the launch
@@ -164,76 +116,14 @@ class _Span:
         return False
 
 
-_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
-
-
-class NullRecorder:
-    """Tracing off: every hook is a no-op, so the engine runs the plain backend."""
-
-    enabled = False
-    compute_stamps = None
-
-    def begin_step(self, **kw: Any) -> None:
-        """No-op."""
-        return None
-
-    def end_step(self, rec: Any) -> None:
-        """No-op."""
-
-    def assign_index(self, rec: Any) -> int:
-        """No-op."""
-        return -1
-
-    def snapshot_pack(self, rec: Any, packed: torch.Tensor, layout: list[Any], crop_cols: dict[str, int]) -> None:
-        """No-op."""
-
-    def snapshot_float(self, rec: Any, name: str, t: torch.Tensor) -> None:
-        """No-op."""
-
-    def intern_layout(self, layout: Any) -> Any:
-        """No-op."""
-        return layout
-
-    def snapshot_host(self, rec: Any, name: str, t: torch.Tensor) -> None:
-        """No-op."""
-
-    def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> contextlib.nullcontext[None]:
-        """No-op (one shared context manager: the untraced engine pays nothing per span)."""
-        return _NO_SPAN
-
-    def graph_span(self, rec: Any, stream: str, name: str, ring: Any) -> None:
-        """No-op."""
-
-    def wait(self, rec: Any, stream: str, on_stream: str, on_span: str) -> None:
-        """No-op."""
-
-    def error(self, rec: Any, call: str, exc: BaseException, fatal: bool = False) -> None:
-        """No-op."""
-
-    def fired(self, rec: Any, faults: Any) -> None:
-        """No-op."""
-
-    def write_request(self, rec: RequestRecord) -> None:
-        """No-op."""
-
-    def poll(self) -> None:
-        """No-op."""
-
-    def flush_pending(self) -> None:
-        """No-op."""
-
-    def close(self, ended_by: BaseException | None = None, *, stopped: bool = False) -> None:
-        """No-op."""
-
-
-def _recs(rec: Any) -> list[StepRecord]:
+def _recs(rec: Steps) -> list[StepRecord]:
     if type(rec) is StepRecord:  # the common case first: every step-level hook comes through here
         return [rec]
     if rec is None:
         return []
-    if isinstance(rec, (list, tuple)):
-        return [r for r in rec if r is not None]
-    return [rec]
+    if isinstance(rec, StepRecord):
+        return [rec]
+    return [r for r in rec if r is not None]  # a list or tuple of steps
 
 
 class Recorder:
@@ -259,9 +149,9 @@ class Recorder:
         self._hit: StepRecord | None = None  # the step close() marked with a sticky error
         self.ring: SnapshotRing | None = None  # opened by the engine before it captures graphs
         self._outbox: list[dict[str, Any]] = []  # resolved steps, sent to the writer in batches
-        self._later: list[tuple[Callable[..., None], tuple[Any, ...]]] = []  # see `later`
+        self._later: list[tuple[Callable[..., None], tuple[object, ...]]] = []  # see `later`
         # One shared tuple per distinct layout: a batch pickles a graph's layout once, not once per replay.
-        self._layouts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self._layouts: dict[tuple[LayoutEntry, ...], tuple[LayoutEntry, ...]] = {}
         self._np_names: dict[Any, str] = {}
         self._ended = self._ended_at_pass = 0  # steps ended, and their number at the last resolving poll
         if self.is_cuda and hasattr(writer, "send_in_background"):
@@ -302,8 +192,7 @@ class Recorder:
             self._next_index += 1
         return rec.index
 
-    def snapshot_pack(self, rec: StepRecord, packed: torch.Tensor,
-                      layout: list[tuple[str, torch.dtype, tuple[int, ...], int]], crop_cols: dict[str, int]) -> None:
+    def snapshot_pack(self, rec: StepRecord, packed: torch.Tensor, layout: Layout, crop_cols: dict[str, int]) -> None:
         """Record a step's metadata: `packed` int64 `[n]` holds the tensors of `layout` flattened in order.
 
         On a GPU this is one non-blocking copy into the pinned ring; values are read when the step resolves.
@@ -317,8 +206,8 @@ class Recorder:
             host, slot = packed.detach().clone(), None
         rec.packs.append(_PendingPack(host, layout, crop_cols, slot))
 
-    def snapshot_ring(self, rec: StepRecord, length: int, layout: list[tuple[str, torch.dtype, tuple[int, ...], int]],
-                      crop_cols: dict[str, int], seq: int | None = None) -> None:
+    def snapshot_ring(self, rec: StepRecord, length: int, layout: Layout, crop_cols: dict[str, int],
+                      seq: int | None = None) -> None:
         """Record the metadata that the replay just launched wrote into its SnapshotRing row (`length` int64 values
         of `layout`; `seq`: the row's number if `claim_row` gave it at launch): no device work here; the values
         arrive with the next drain."""
@@ -340,7 +229,7 @@ class Recorder:
             self._drain_ring(force=True)
         return seq
 
-    def later(self, fn: Callable[..., None], *args: Any) -> None:
+    def later(self, fn: Callable[..., None], *args: object) -> None:
         """Run `fn(*args)` before the next poll resolves a step (or a flush, or close): host bookkeeping of values
         that do not change until then, moved off the launch path. The caller guarantees they do not (the model
         runner makes its deferred records before it prepares the same graph or backend again)."""
@@ -354,7 +243,7 @@ class Recorder:
             fn, args = self._later.pop(0)  # taken off first: a call that raises is not made twice
             fn(*args)
 
-    def intern_layout(self, layout: Any) -> tuple[Any, ...]:
+    def intern_layout(self, layout: Layout) -> tuple[LayoutEntry, ...]:
         """`layout` (name, torch dtype, shape, data_ptr per tensor) with numpy dtype names, as the one shared tuple
         of its value; a caller that keeps it hands the same object with every step, which is returned as it is."""
         if type(layout) is tuple:
@@ -398,7 +287,7 @@ class Recorder:
             ring.on_lap = lambda below, r=ring: self._read_out_stamps(r, below)
         return ring
 
-    def span(self, rec: Any, stream: str, name: str, cuda_stream: Any = None) -> _Span:
+    def span(self, rec: Steps, stream: str, name: str, cuda_stream: torch.cuda.Stream | None = None) -> _Span:
         """Time a region for one step or a list of steps (a context manager): with device stamps on `cuda_stream` on
         a GPU (stamps on the CPU are host times), with the host clock for a host region (`cuda_stream` None on a
         GPU). A body that raises leaves no span (after a sticky CUDA error nothing may be launched any more). Span
@@ -423,13 +312,13 @@ class Recorder:
                         ring.wait(t[1])
                         setattr(sp, attr, self.clock.ns(ring.value(t[1])))
 
-    def wait(self, rec: Any, stream: str, on_stream: str, on_span: str) -> None:
+    def wait(self, rec: Steps, stream: str, on_stream: str, on_span: str) -> None:
         """Record a wait edge the engine has just enqueued: `stream` waits for span `on_span` of `on_stream`."""
         edge = (stream, on_stream, on_span)  # StreamWait's fields (the writer makes the StreamWait)
         for r in _recs(rec):
             r.waits.append(edge)
 
-    def error(self, rec: Any, call: str, exc: BaseException, fatal: bool = False) -> None:
+    def error(self, rec: Steps, call: str, exc: BaseException, fatal: bool = False) -> None:
         """Record that `call` raised for this step (type and message verbatim)."""
         recs = _recs(rec)
         for r in recs:
@@ -442,7 +331,7 @@ class Recorder:
         if fatal:
             self._failed = exc  # the device is gone: from now on nothing is enqueued, synchronized or queried
 
-    def fired(self, rec: Any, faults: Any) -> None:
+    def fired(self, rec: Steps, faults: Sequence[str]) -> None:
         """Fault accounting: these injected faults changed this step (never an input to detection)."""
         if not faults:
             return
@@ -451,11 +340,14 @@ class Recorder:
                 if f not in r.faults_fired:
                     r.faults_fired.append(f)
 
-    def end_step(self, rec: StepRecord) -> None:
-        """Close the step; it is written once its device work completes. Only what must happen now happens here (its
+    def end_step(self, rec: StepRecord, requests: RequestColumns | Callable[[], RequestColumns] | None = None) -> None:
+        """Close the step (with its request rows, or the function that makes them when it is resolved); it is written
+        once its device work completes. Only what must happen now happens here (its
         end time, its number, the event after its host copies); queueing it waits for the next poll, off the launch
         path (an engine ends steps right after its read-back, where the GPU waits for the next launch)."""
         rec.end_ns = time.perf_counter_ns()
+        if requests is not None:
+            rec.requests = requests
         self._ended += 1
         self.assign_index(rec)
         if self.is_cuda and self._failed is None and (rec.floats or any(p.slot is not None for p in rec.packs)):
@@ -556,6 +448,12 @@ class Recorder:
             if self.is_cuda:
                 torch.cuda.synchronize(self.device)
         self.poll(force_send=True, limit=None)
+
+    def flush(self) -> None:
+        """`flush_pending`, then wait until the writer has committed it: a reader of the trace (a live viewer that
+        hears of a pause) sees every ended step."""
+        self.flush_pending()
+        self.writer.flush()
 
     def _complete(self, rec: StepRecord, done: dict[int, int]) -> bool:
         if rec.done_event is not None and not rec.done_event.query():
@@ -765,59 +663,3 @@ class PinnedRing:
     def release(self, slot: tuple[int, int]) -> None:
         """The slot's values have been copied out."""
         self.live.remove(slot)
-
-
-class SnapshotRing(DrainedRing):
-    """Device rows that captured graphs write their packed snapshots into, copied to host memory in batches.
-
-    Inside each captured graph, after the forward, `write` stores the packed snapshot int64 `[n]` in the row a
-    device-resident index names, then advances the index: a replay costs the host nothing for its snapshot.
-    The host numbers replays in launch order (`claim`; every replay runs on the compute stream, so launch order
-    is the order the rows are written) and every `drain_every` replays enqueues one copy of the new rows to
-    pinned memory on the compute stream, which orders it after those replays and before any later one, so a
-    row is never overwritten before it is copied. On the CPU the same rows are written at each emulated replay
-    and a drain copies them at once.
-    """
-
-    def __init__(self, device: torch.device, width: int, rows: int) -> None:
-        super().__init__(device.type == "cuda", rows)
-        self.device = device
-        self.width = width
-        self.rows = rows
-        self.drain_every = max(1, min(rows // 4, DRAIN_EVERY))
-        self.dev = torch.zeros(rows, width, dtype=torch.int64, device=device)
-        self.index = torch.zeros(1, dtype=torch.int64, device=device)
-        # A host copy apart from the device rows on the CPU too: only a drain overwrites a host row, as on a GPU.
-        self.host = torch.zeros(rows, width, dtype=torch.int64, pin_memory=self.is_cuda)
-        self._host_np = self.host.numpy()  # rows are read through numpy: torch indexing costs µs per row
-        # One kernel per replay's row instead of the torch pack's dozen nodes (GPU with Triton; tracer.ring_pack).
-        self.packer: RingPacker | None = None
-        if fused_wanted(device):
-            try:
-                self.packer = RingPacker(self.dev, self.index)
-            except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: the torch pack records the same
-                print(f"specscope: the one-kernel snapshot pack is unavailable ({type(e).__name__}: {e}); "
-                      "replays pack with torch ops", file=sys.stderr)
-
-    def write(self, packed: torch.Tensor) -> None:
-        """Store `packed` int64 `[n]` in the current row and advance the index (device ops only: captured)."""
-        n = packed.numel()
-        if n > self.width:
-            raise ValueError(f"a snapshot of {n} values does not fit the snapshot ring's rows ({self.width})")
-        self.dev.narrow(1, 0, n).index_copy_(0, self.index, packed.view(1, n))
-        self.index.add_(1).remainder_(self.rows)
-
-    def claim(self) -> int:
-        """The sequence number of a replay just launched (its row is seq % rows)."""
-        seq = self.count
-        self.count += 1
-        return seq
-
-    def drain(self) -> None:
-        """Enqueue the copy of every row written since the last drain (compute stream; no host sync)."""
-        if self.drained != self.count:
-            self._copy_new()
-
-    def row(self, seq: int, length: int) -> np.ndarray:
-        """The host copy of replay `seq`'s snapshot (a copy: the row is reused `rows` replays later)."""
-        return self._host_np[seq % self.rows, :length].copy()

@@ -1,4 +1,5 @@
-"""A graph replay's snapshot written into its SnapshotRing row by one kernel (GPU, Triton).
+"""The snapshot ring that graph replays write their metadata into (`SnapshotRing`), and the one kernel that writes a
+replay's row on a GPU with Triton (`RingPacker`).
 
 The torch way to record a replay's metadata inside the graph is about a dozen small nodes: a cast per int32 tensor,
 the page-start gather, a cat, the row copy at the device index, and two ops advancing the index. Each node costs
@@ -11,15 +12,20 @@ Triton) still runs, and which `tests/gpu/test_ring_pack_gpu.py` compares it with
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+import numpy as np
 import torch
+
+from .stamps import DrainedRing
 
 NUM_PARTS = 8  # the metadata tensors ModelRunner records: 5 int32 then 3 int64 in the torch path's order
 # One thread block walks the row 1,024 values at a time: past ~16k values (long contexts at large batches: the page
 # table and page starts are bs x pages each) the torch pack's many-block kernels are faster, and take over.
 MAX_VALUES = 16_384
 _BLOCK = 1024
+DRAIN_EVERY = 8  # replays per snapshot-ring drain: few enough that a drain never frees a burst of steps at once
 _kernel: Any = None
 
 
@@ -133,3 +139,59 @@ class RingPacker:
         _launch(torch.zeros(2, 64, dtype=torch.int64, device=d), torch.zeros(1, dtype=torch.int64, device=d),
                 [i32] * 5 + [i64] * 3, torch.zeros(2, 8, dtype=torch.int32, device=d), i64, 2, 4)
         torch.cuda.synchronize(d)
+
+
+class SnapshotRing(DrainedRing):
+    """Device rows that captured graphs write their packed snapshots into, copied to host memory in batches.
+
+    Inside each captured graph, after the forward, `write` stores the packed snapshot int64 `[n]` in the row a
+    device-resident index names, then advances the index: a replay costs the host nothing for its snapshot.
+    The host numbers replays in launch order (`claim`; every replay runs on the compute stream, so launch order
+    is the order the rows are written) and every `drain_every` replays enqueues one copy of the new rows to
+    pinned memory on the compute stream, which orders it after those replays and before any later one, so a
+    row is never overwritten before it is copied. On the CPU the same rows are written at each emulated replay
+    and a drain copies them at once.
+    """
+
+    def __init__(self, device: torch.device, width: int, rows: int) -> None:
+        super().__init__(device.type == "cuda", rows)
+        self.device = device
+        self.width = width
+        self.rows = rows
+        self.drain_every = max(1, min(rows // 4, DRAIN_EVERY))
+        self.dev = torch.zeros(rows, width, dtype=torch.int64, device=device)
+        self.index = torch.zeros(1, dtype=torch.int64, device=device)
+        # A host copy apart from the device rows on the CPU too: only a drain overwrites a host row, as on a GPU.
+        self.host = torch.zeros(rows, width, dtype=torch.int64, pin_memory=self.is_cuda)
+        self._host_np = self.host.numpy()  # rows are read through numpy: torch indexing costs µs per row
+        # One kernel per replay's row instead of the torch pack's dozen nodes (GPU with Triton; tracer.ring_pack).
+        self.packer: RingPacker | None = None
+        if fused_wanted(device):
+            try:
+                self.packer = RingPacker(self.dev, self.index)
+            except Exception as e:  # noqa: BLE001 - a Triton that cannot build it: the torch pack records the same
+                print(f"specscope: the one-kernel snapshot pack is unavailable ({type(e).__name__}: {e}); "
+                      "replays pack with torch ops", file=sys.stderr)
+
+    def write(self, packed: torch.Tensor) -> None:
+        """Store `packed` int64 `[n]` in the current row and advance the index (device ops only: captured)."""
+        n = packed.numel()
+        if n > self.width:
+            raise ValueError(f"a snapshot of {n} values does not fit the snapshot ring's rows ({self.width})")
+        self.dev.narrow(1, 0, n).index_copy_(0, self.index, packed.view(1, n))
+        self.index.add_(1).remainder_(self.rows)
+
+    def claim(self) -> int:
+        """The sequence number of a replay just launched (its row is seq % rows)."""
+        seq = self.count
+        self.count += 1
+        return seq
+
+    def drain(self) -> None:
+        """Enqueue the copy of every row written since the last drain (compute stream; no host sync)."""
+        if self.drained != self.count:
+            self._copy_new()
+
+    def row(self, seq: int, length: int) -> np.ndarray:
+        """The host copy of replay `seq`'s snapshot (a copy: the row is reused `rows` replays later)."""
+        return self._host_np[seq % self.rows, :length].copy()

@@ -109,10 +109,10 @@ class CountingRecorder(Recorder):
         self.device_asked, self.ended = device, 0
         CountingRecorder.made.append(self)
 
-    def end_step(self, rec: Any) -> None:
+    def end_step(self, rec: Any, requests: Any = None) -> None:
         """Count the step, then record it as the tracer does."""
         self.ended += 1
-        super().end_step(rec)
+        super().end_step(rec, requests)
 
 
 def test_a_session_records_through_the_recorder_it_is_given(tmp_path: Path) -> None:
