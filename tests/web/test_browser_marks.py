@@ -19,42 +19,23 @@ pytest.importorskip("playwright")
 
 from specscope.tracer.store import TraceReader  # noqa: E402
 from specscope.ui.web import pages  # noqa: E402
-from specscope.ui.web.app import create_app  # noqa: E402
 from specscope.ui.web.pages import short_message  # noqa: E402
-from specscope.ui.web.server import serve_in_thread  # noqa: E402
-from webfixtures import FAULT, SAMPLES, browser_fixture, partial_bundle, screenshot_dir  # noqa: E402,F401
+from webfixtures import FAULT, SAMPLES, browser_fixture, open_page, screenshot_dir, serve  # noqa: E402,F401
 
 OVERRIDE = os.path.join(SAMPLES, "cpu-fault-max-seq-len-q-override.db")
-TIMEOUT_MS = 20_000
 
-
-def _serve(trace: str) -> Iterator[str]:
-    srv, url = serve_in_thread(create_app(trace, plotly=partial_bundle()))  # type: ignore[arg-type]
-    try:
-        yield url
-    finally:
-        srv.shutdown()
 
 
 @pytest.fixture(scope="module")
 def fault_url() -> Iterator[str]:
-    yield from _serve(FAULT)
+    yield from serve(FAULT)
 
 
 @pytest.fixture(scope="module")
 def override_url() -> Iterator[str]:
-    yield from _serve(OVERRIDE)
+    yield from serve(OVERRIDE)
 
 
-def _page(browser: object, url: str) -> tuple[object, object, list[str]]:
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, base_url=url)  # type: ignore[attr-defined]
-    p = ctx.new_page()
-    problems: list[str] = []
-    p.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
-    p.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    p.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
-    p.set_default_timeout(TIMEOUT_MS)
-    return ctx, p, problems
 
 
 def _shot(p: object, name: str, full_page: bool = False) -> None:
@@ -71,7 +52,7 @@ def _idle(p: object) -> None:
 def test_the_first_violating_verify_step_shows_max_seq_len_q_marked(browser: object, override_url: str) -> None:
     with TraceReader(OVERRIDE) as r:
         first = next(v.step for v in r.violations() if r.summary(v.step).mode.value == "TARGET_VERIFY")
-    ctx, p, problems = _page(browser, override_url)
+    ctx, p, problems = open_page(browser, override_url)
     try:
         p.goto(f"/step/{first}")  # type: ignore[attr-defined]
         row = p.locator("#step-detail tr.marked", has_text="max_seq_len_q")  # type: ignore[attr-defined]
@@ -92,7 +73,7 @@ def test_a_violation_found_with_one_filter_opens_marked_with_one_click(browser: 
     with TraceReader(FAULT) as r:
         every = r.violations()
     v = every[-7]  # deep in the list: page 22 of 22 without a filter
-    ctx, p, problems = _page(browser, fault_url)
+    ctx, p, problems = open_page(browser, fault_url)
     try:
         p.goto("/violations")  # type: ignore[attr-defined]
         p.wait_for_selector(".viol-table")  # type: ignore[attr-defined]
@@ -122,7 +103,7 @@ def test_n_and_shift_n_walk_the_violations(browser: object, fault_url: str) -> N
     steps = sorted({v.step for v in every})
     a, b = steps[0], steps[1]
     here = sum(1 for v in every if v.step == a)
-    ctx, p, problems = _page(browser, fault_url)
+    ctx, p, problems = open_page(browser, fault_url)
     try:
         p.goto(f"/step/{a}")  # type: ignore[attr-defined]
         p.wait_for_selector("#step-violations")  # type: ignore[attr-defined]
@@ -148,7 +129,7 @@ def test_n_and_shift_n_walk_the_violations(browser: object, fault_url: str) -> N
 
 
 def test_a_step_range_box_commits_on_enter(browser: object, fault_url: str) -> None:
-    ctx, p, problems = _page(browser, fault_url)
+    ctx, p, problems = open_page(browser, fault_url)
     try:
         p.goto("/")  # type: ignore[attr-defined]
         p.wait_for_selector("#tl-gantt .main-svg", state="attached")  # type: ignore[attr-defined]
@@ -171,7 +152,7 @@ def test_a_step_range_box_commits_on_enter(browser: object, fault_url: str) -> N
 
 
 def test_the_acceptance_page_draws(browser: object, fault_url: str) -> None:
-    ctx, p, problems = _page(browser, fault_url)
+    ctx, p, problems = open_page(browser, fault_url)
     try:
         p.goto("/acceptance")  # type: ignore[attr-defined]
         for g in ("acc-position", "acc-hist", "acc-time", "acc-bs", "acc-request"):
@@ -203,8 +184,8 @@ def test_a_crowded_step_lists_every_violation_and_n_walks_past_the_drawn_ones(br
     step, n = by_step.most_common(1)[0]
     assert n > pages.MAX_LISTED + 4
     here = [v for v in every if v.step == step]
-    for url in _serve(crowded):
-        ctx, p, problems = _page(browser, url)
+    for url in serve(crowded):
+        ctx, p, problems = open_page(browser, url)
         try:
             p.goto(f"/step/{step}")  # type: ignore[attr-defined]
             p.wait_for_selector("#step-violations")  # type: ignore[attr-defined]

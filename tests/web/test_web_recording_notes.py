@@ -14,14 +14,11 @@ pytest.importorskip("dash")
 pytest.importorskip("playwright")
 
 from specscope.tracer.store import TraceReader  # noqa: E402
-from specscope.ui.web.app import create_app  # noqa: E402
-from specscope.ui.web.server import serve_in_thread  # noqa: E402
-from webfixtures import FAULT, ROOT, browser_fixture, partial_bundle  # noqa: E402,F401
+from webfixtures import FAULT, ROOT, browser_fixture, open_page, serve  # noqa: E402,F401
 
 # Recorded with `PYTHONPATH=.sglang/0.5.23 python -m specscope.integrations.sglang_drive -o ...` (tests/unit/
 # test_recording_notes.py checks it still says what a fresh recording says).
 DRIVE = os.path.join(ROOT, "tests", "data", "sglang-0.5.23-drive.db")
-TIMEOUT_MS = 20_000
 
 
 def _first(graph: str, mode: str | None = None) -> int:
@@ -30,36 +27,21 @@ def _first(graph: str, mode: str | None = None) -> int:
                     and (mode is None or s.mode.value == mode))
 
 
-def _serve(trace: str) -> Iterator[str]:
-    srv, url = serve_in_thread(create_app(trace, plotly=partial_bundle()))  # type: ignore[arg-type]
-    try:
-        yield url
-    finally:
-        srv.shutdown()
-
 
 @pytest.fixture(scope="module")
 def drive_url() -> Iterator[str]:
-    yield from _serve(DRIVE)
+    yield from serve(DRIVE)
 
 
 @pytest.fixture(scope="module")
 def fault_url() -> Iterator[str]:
-    yield from _serve(FAULT)
+    yield from serve(FAULT)
 
 
-def _page(browser: object, url: str) -> tuple[object, object, list[str]]:
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, base_url=url)  # type: ignore[attr-defined]
-    p = ctx.new_page()
-    problems: list[str] = []
-    p.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
-    p.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    p.set_default_timeout(TIMEOUT_MS)
-    return ctx, p, problems
 
 
 def test_every_page_of_an_sglang_trace_says_what_it_could_not_record(browser: object, drive_url: str) -> None:
-    ctx, p, problems = _page(browser, drive_url)
+    ctx, p, problems = open_page(browser, drive_url)
     try:
         for path, ready in (("/", "#timeline-page"), ("/violations", "#page > div"), ("/acceptance", "#page > div"),
                             (f"/step/{_first('eager')}", "#step-page")):
@@ -78,7 +60,7 @@ def test_every_page_of_an_sglang_trace_says_what_it_could_not_record(browser: ob
 
 
 def test_a_replay_says_its_metadata_was_computed_inside_the_graph(browser: object, drive_url: str) -> None:
-    ctx, p, problems = _page(browser, drive_url)
+    ctx, p, problems = open_page(browser, drive_url)
     try:
         # An eager step: the field SGLang 0.5.23 dropped is named absent, the rest is recorded.
         p.goto(f"/step/{_first('eager')}")  # type: ignore[attr-defined]
@@ -106,7 +88,7 @@ def test_a_replay_says_its_metadata_was_computed_inside_the_graph(browser: objec
 
 
 def test_a_trace_that_recorded_everything_shows_no_recording_banner(browser: object, fault_url: str) -> None:
-    ctx, p, problems = _page(browser, fault_url)
+    ctx, p, problems = open_page(browser, fault_url)
     try:
         p.goto("/")  # type: ignore[attr-defined]
         p.wait_for_selector("#timeline-page")  # type: ignore[attr-defined]

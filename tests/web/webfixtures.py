@@ -51,6 +51,33 @@ def partial_bundle() -> object:
     return bundle
 
 
+BROWSER_TIMEOUT_MS = 20_000  # the default for every wait of a page `open_page` makes
+
+
+def serve(trace: str) -> Iterator[str]:
+    """Serve `trace` on the partial plotly.js bundle for a module's tests; yields the base URL."""
+    from specscope.ui.web.app import create_app
+    from specscope.ui.web.server import serve_in_thread
+
+    srv, url = serve_in_thread(create_app(trace, plotly=partial_bundle()))  # type: ignore[arg-type]
+    try:
+        yield url
+    finally:
+        srv.shutdown()
+
+
+def open_page(browser: object, url: str) -> tuple[object, object, list[str]]:
+    """A fresh context and page on `url`, and the list its console errors, page errors and HTTP errors go to."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, base_url=url)  # type: ignore[attr-defined]
+    p = ctx.new_page()
+    problems: list[str] = []
+    p.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    p.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    p.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    p.set_default_timeout(BROWSER_TIMEOUT_MS)
+    return ctx, p, problems
+
+
 def screenshot_dir() -> str | None:
     """Where the browser tests save page screenshots (SPECSCOPE_SCREENSHOTS=docs/screenshots to refresh them)."""
     d = os.environ.get("SPECSCOPE_SCREENSHOTS")
