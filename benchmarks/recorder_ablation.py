@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from specscope.tracer.recorder import _NO_SPAN, Recorder
+from specscope.tracer.probe import _NO_SPAN
+from specscope.tracer.recorder import Recorder
 from specscope.tracer.schema import GraphPhase
 
 LEVELS = ("floor", "eager-spans")

@@ -44,7 +44,7 @@ def measure(bs: int, new_tokens: int, device: str = "cpu") -> dict[str, Any]:
 
     from specscope.backend.engine_config import EngineConfig
     from specscope.backend.session import run_session
-    from specscope.tracer import process_writer
+    from specscope.tracer import pipe_format, process_writer
 
     times: dict[str, list[int]] = {}
     depth = [0]
@@ -96,10 +96,10 @@ def measure(bs: int, new_tokens: int, device: str = "cpu") -> dict[str, Any]:
     for b in replays:
         for _ in range(ENCODE_REPEATS):  # alternating: what write_raw_steps sends (msgpack), and a plain pickle
             t = time.perf_counter_ns()
-            data = process_writer.encode_frame("steps", b)
+            data = pipe_format.encode_frame("steps", b)
             encode_us.append((time.perf_counter_ns() - t) / 1e3 / len(b))
             t = time.perf_counter_ns()
-            pickle.dumps(("steps", process_writer.wire_steps(b)), protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dumps(("steps", pipe_format.wire_steps(b)), protocol=pickle.HIGHEST_PROTOCOL)
             pickle_us.append((time.perf_counter_ns() - t) / 1e3 / len(b))
         sizes.append(len(data) / len(b))
     steps = max(1, len(times.get("end_step", [])))

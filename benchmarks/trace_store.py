@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import zstandard
 from specscope.tracer.live_check import LiveCheck
-from specscope.tracer.process_writer import ProcessTraceWriter, raw_from_step
+from specscope.tracer.pipe_format import raw_from_step
+from specscope.tracer.process_writer import ProcessTraceWriter
 from specscope.tracer.query import StepFilter
 from specscope.tracer.schema import (
     ArraySnapshot,

@@ -316,7 +316,7 @@ def module_version(module: Any) -> str:
     package it was loaded from, else SGLang's `sglang.version`, else the installed distribution, else "unknown"."""
     f = getattr(module, "__file__", None)
     if isinstance(f, str) and Path(f).is_file():
-        from .sglang_loader import sglang_version
+        from .sglang_package import sglang_version
 
         v = sglang_version(Path(f).resolve().parents[3])
         if v != "unknown":

@@ -67,9 +67,7 @@ from .sglang_triton_interp import kernel_modules
 from .sglang_upstream_code import UpstreamForwardMode, exec_module, upstream_helpers
 from .sglang_versions import SglangFacts
 
-# `sglang_version` is re-exported: integrations/sglang.py imports it from here.
-__all__ = ["TMB_MODULE", "UpstreamSglang", "check_facts", "install_as_sglang", "load_upstream", "main",
-           "sglang_version"]
+__all__ = ["TMB_MODULE", "UpstreamSglang", "check_facts", "install_as_sglang", "load_upstream", "main"]
 
 
 @dataclass

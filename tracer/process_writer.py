@@ -26,12 +26,8 @@ from typing import IO, Any
 
 from .child_process import StatusLines, death, pipe
 from .errors import TraceError
-from .pipe_format import LENGTH, encode_frame, encode_start, raw_from_step, wire_steps
+from .pipe_format import LENGTH, encode_frame, encode_start, raw_from_step
 from .schema import RequestRecord, RunInfo, Step
-
-# `encode_frame`, `raw_from_step` and `wire_steps` live in `pipe_format`; benchmarks/recorder_host.py and
-# benchmarks/trace_store.py still read them from here.
-__all__ = ["STATUS_TIMEOUT_S", "ProcessTraceWriter", "encode_frame", "raw_from_step", "wire_steps"]
 
 STATUS_TIMEOUT_S = 120.0  # a flush or close that takes longer than this is a hung writer, not a slow disk
 _POLL_S = 0.25

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from .errors import TraceError
-from .probe import _NO_SPAN as _NO_SPAN  # benchmarks/recorder_ablation.py's do-nothing span
 from .probe import StepRecord as StepRecord
 from .probe import _PendingPack, _PendingSpan
 from .probe import is_sticky_cuda_error as is_sticky_cuda_error

@@ -8,7 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from specscope.tracer.recorder import Recorder, _PendingSpan  # noqa: E402
+from specscope.tracer.probe import _PendingSpan  # noqa: E402
+from specscope.tracer.recorder import Recorder  # noqa: E402
 from specscope.tracer.schema import ForwardMode, GraphPhase  # noqa: E402
 from specscope.tracer.stamps import StampClock, StampRing, row_ranges  # noqa: E402
 
