@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,36 +35,12 @@ from .model import LlamaForCausalLM
 from .model_config import ModelConfig
 from .model_runner import ModelRunner, request_states
 from .request import Request
+from .run_stats import RunStats, StepCallback
 from .sampling import greedy_accept_device, rejection_accept_device, sample_device
 from .streams import Streams, nvtx, nvtx_wanted
 
 if TYPE_CHECKING:
-    from ..tracer.probe import RequestColumns, Steps
-
-
-# Called after every forward (captures included) with its step index, its iteration (-1 for a capture) and a flush
-# that makes every ended step readable in the trace (nothing without one): `ControlPoint.after_step`'s signature.
-StepCallback = Callable[[int, int, Callable[[], None]], None]
-
-
-@dataclass
-class RunStats:
-    """What a run did, for the end-of-run summary."""
-
-    iterations: int = 0
-    output_tokens: int = 0
-    verify_rows: int = 0
-    accepted_total: int = 0  # tokens committed by verifies, bonus included
-    accepted_by_position: list[int] = field(default_factory=list)
-    wall_s: float = 0.0
-    iteration_s: list[float] = field(default_factory=list)  # wall time of each iteration
-    iteration_bs: list[int] = field(default_factory=list)  # requests decoded in it
-    iteration_prefill: list[bool] = field(default_factory=list)  # whether it also prefilled newcomers
-
-    @property
-    def mean_accept_length(self) -> float | None:
-        """Tokens committed per verify row, bonus included."""
-        return self.accepted_total / self.verify_rows if self.verify_rows else None
+    from ..tracer.probe import RequestColumns
 
 
 class Engine:
@@ -245,7 +219,7 @@ class Engine:
         """Prepare and execute one forward on the compute stream, recorded as one step."""
         rec, graph = runner.begin(fb, self.iteration, self.K)
         compute = self.streams.compute
-        with self._span(rec, "compute", "metadata", compute):
+        with self.recorder.span(rec, "compute", "metadata", compute):
             prep = runner.prepare(fb, graph, rec)
         index = self.forwards  # numbered at launch, as the recorder numbers it
         self.forwards = index + 1
@@ -380,12 +354,12 @@ class Engine:
             rec, runner, fb, graph = ((rec_v, self.target, fb_v, graph_v) if which == "verify"
                                       else (rec_e, draft, fb_e, graph_e))
             with streams.on_plan() as stream, nvtx(f"plan: {which} metadata", self.nvtx):
-                with self._span(rec, where, "metadata", stream):
+                with self.recorder.span(rec, where, "metadata", stream):
                     prepared[which] = runner.prepare(fb, graph, rec)
 
         # Producers of what the verify / draft-extend metadata reads (compute stream): KV pages and req_to_token
         # rows for the verify window, then seq_lens. Timed as the span "producers" of both steps.
-        with self._span([rec_v, rec_e], "compute", "producers", streams.compute):
+        with self.recorder.span([rec_v, rec_e], "compute", "producers", streams.compute):
             pending = PageWrites()
             for r in reqs:
                 assert r.kv is not None  # a running request holds its KV from its prefill on
@@ -437,7 +411,7 @@ class Engine:
                              step_id=i, out_loc=step_loc[i])
             steps.append((fb, *draft.begin(fb, self.iteration, self.K)))
         if steps:
-            with self._span([rec for _, rec, _ in steps], "compute", "metadata", streams.compute), \
+            with self.recorder.span([rec for _, rec, _ in steps], "compute", "metadata", streams.compute), \
                     nvtx("draft metadata", self.nvtx):
                 preps = [draft.prepare(fb, graph, rec) for fb, rec, graph in steps]
         for i, ((fb, rec, _), prep) in enumerate(zip(steps, preps, strict=True)):
@@ -520,7 +494,3 @@ class Engine:
             r.seq_len = n
             assert r.kv is not None  # a running request holds its KV from its prefill on
             r.kv.shrink(n, self.pages, self.r2t)
-
-    def _span(self, rec: Steps, stream: str, name: str,
-              cuda_stream: torch.cuda.Stream | None) -> AbstractContextManager[None]:
-        return self.recorder.span(rec, stream, name, cuda_stream)

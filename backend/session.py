@@ -19,16 +19,18 @@ from ..tracer.errors import TraceError
 from ..tracer.live_check import CheckResult, LiveCheck
 from ..tracer.probe import NullProbe, Probe, is_sticky_cuda_error
 from ..tracer.process_writer import ProcessTraceWriter
-from ..tracer.recorder import Recorder, keep_until_exit
+from ..tracer.recorder import Recorder
+from ..tracer.run_end import keep_until_exit
 from ..tracer.schema import RunInfo
 from . import fused_ops
 from .control import ControlPoint, RunStopped
-from .engine import Engine, RunStats
+from .engine import Engine
 from .engine_config import ConfigError, EngineConfig
 from .loader import load_model, tokenizer_kind
 from .model import LlamaForCausalLM
 from .model_config import ModelConfig
 from .request import Request
+from .run_stats import RunStats
 from .workload import make_requests
 
 # What a traced session records through: a factory of (the trace's writer, the device). The tracer's Recorder;

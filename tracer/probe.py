@@ -58,6 +58,8 @@ class _PendingPack:
     slot: tuple[int, int] | None = None  # pinned-ring slot (GPU)
     seq: int | None = None  # a graph replay's row in the SnapshotRing (its values arrive with a drain)
     length: int = 0
+    hidden: bool = False  # read by the step's `finish` only, never written (`Probe.snapshot_tensors`)
+    dropped: bool = False  # replaced by a later snapshot: neither written nor read (`Probe.drop_snapshot`)
 
 
 @dataclass(slots=True)
@@ -100,6 +102,11 @@ class StepRecord:
     errors: list[CallError] = field(default_factory=list)
     faults_fired: list[str] = field(default_factory=list)
     done_event: torch.cuda.Event | None = None  # after the last async copy of this step (host-copied snapshots only)
+    # An adapter's step (`snapshot_tensors`, `end_step(finish=...)`): events after its copies, the steps whose copies
+    # its `finish` reads too, and the call that completes the record from the landed values when it is resolved.
+    copy_events: list[Any] = field(default_factory=list)
+    after: list[StepRecord] = field(default_factory=list)
+    finish: Callable[[StepRecord], None] | None = None
 
 
 class Probe(Protocol):
@@ -192,9 +199,12 @@ class Probe(Protocol):
         """Fault accounting: these injected faults changed these steps."""
         ...
 
-    def end_step(self, rec: StepRecord,
-                 requests: RequestColumns | Callable[[], RequestColumns] | None = None) -> None:
-        """Close the step, with its request rows (or the function that makes them once they stop changing)."""
+    def end_step(self, rec: StepRecord, requests: RequestColumns | Callable[[], RequestColumns] | None = None, *,
+                 finish: Callable[[StepRecord], None] | None = None, after: Sequence[StepRecord] = ()) -> None:
+        """Close the step, with its request rows (or the function that makes them once they stop changing).
+        `finish(rec)` completes the record from its landed `values` when it is resolved (an adapter whose request
+        rows and crops follow from recorded values); `after`: steps whose copies must land first (`finish` reads
+        their values too)."""
         ...
 
     def write_request(self, rec: RequestRecord) -> None:
@@ -215,6 +225,35 @@ class Probe(Protocol):
 
     def close(self, ended_by: BaseException | None = None, *, stopped: bool = False) -> None:
         """Write everything pending, record how the run ended, close the trace."""
+        ...
+
+
+class AdapterProbe(Probe, Protocol):
+    """The probe an adapter records through (`tracer.adapter_recorder.AdapterRecorder`): a backend the tracer does
+    not run, whose steps are known only once the call they time returned (SGLang's)."""
+
+    def snapshot_tensors(self, rec: StepRecord, tensors: Sequence[tuple[str, torch.Tensor, str, int]],
+                         crop_cols: dict[str, int], hidden: bool = False) -> list[_PendingPack]:
+        """Record integer tensors as they are now (name, tensor, numpy dtype name, data_ptr to record): packed per
+        device, copied without a sync. `crop_cols` (the caller may change it until the step resolves) keeps the live
+        columns of 2-D tables; `hidden` snapshots feed the step's `finish` only. Returns the snapshot's packs."""
+        ...
+
+    def drop_snapshot(self, rec: StepRecord, packs: Sequence[_PendingPack]) -> None:
+        """Packs `snapshot_tensors` returned that a later snapshot replaces: neither written nor read."""
+        ...
+
+    def values(self, rec: StepRecord) -> dict[str, np.ndarray]:
+        """A step's recorded tensors by name, whole (uncropped), hidden ones included: for a `finish`, once landed."""
+        ...
+
+    def mark(self, cuda_stream: Any = None) -> int | tuple[StampRing, int]:
+        """A time stamp now: on `cuda_stream`'s stamp ring on a GPU, else the host clock (for `add_span`)."""
+        ...
+
+    def add_span(self, rec: StepRecord, stream: str, name: str, start: int | tuple[StampRing, int],
+                 end: int | tuple[StampRing, int]) -> None:
+        """A span between two `mark`s, for a region timed before its step's record was begun."""
         ...
 
 
@@ -287,8 +326,8 @@ class NullProbe:
     def fired(self, rec: Steps, faults: Sequence[str]) -> None:
         """No-op."""
 
-    def end_step(self, rec: StepRecord,
-                 requests: RequestColumns | Callable[[], RequestColumns] | None = None) -> None:
+    def end_step(self, rec: StepRecord, requests: RequestColumns | Callable[[], RequestColumns] | None = None, *,
+                 finish: Callable[[StepRecord], None] | None = None, after: Sequence[StepRecord] = ()) -> None:
         """No-op."""
 
     def write_request(self, rec: RequestRecord) -> None:

@@ -16,35 +16,29 @@ accounting only, the injected faults that changed a step. Only `tracer/checks/` 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from .capture_span import Span, records_of
 from .errors import TraceError
-from .probe import StepRecord as StepRecord
-from .probe import _PendingPack, _PendingSpan
-from .probe import is_sticky_cuda_error as is_sticky_cuda_error
-from .process_writer import ProcessTraceWriter
-from .ring_pack import SnapshotRing as SnapshotRing
+from .pinned_ring import PinnedRing
+from .probe import StepRecord, _PendingPack, _PendingSpan, is_sticky_cuda_error
+from .ring_pack import SnapshotRing
+from .run_end import CLOCK_END, CLOCK_START, ErrorLedger, clock_fact, end_of, host_side_only, keep_until_exit
 from .schema import CallError, ForwardMode, GraphPhase, RequestRecord
 from .stamps import StampClock, StampRing, bracket_offset
+from .step_resolver import StepResolver
+from .step_sink import StepSink
 
 if TYPE_CHECKING:
     from .probe import Layout, LayoutEntry, RequestColumns, Steps
 
-_NP_DTYPES: dict[torch.dtype | str, str] = {
-    torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.uint8: "uint8", torch.bool: "bool",
-    torch.float32: "float32"}
-_LAYOUTS_KEPT = 4096  # distinct snapshot layouts interned (a graph replay's repeats; eager steps vary)
-
-
-_DEAD_CONTEXT_OBJECTS: list[Any] = []
 RING_BYTES = 64 << 20  # device (and pinned host) memory of the snapshot ring
 RESOLVE_PER_POLL = 32  # steps resolved per hot-path poll (an iteration makes 3-7)
 # Steps ended between two resolving polls: resolving, encoding and sending a batch in one pass runs on caches the
@@ -56,81 +50,12 @@ DRAIN_STAMPS = 16  # undrained stamps of a stream before a poll drains them for 
 LATER_MAX = 32  # deferred calls (`Recorder.later`) held before they run anyway
 
 
-# `meta` keys of the stamp clock's offset to the host clock (the GPU's %globaltimer; on the CPU stamps are host
-# times), bracketed at the recorder's start and at its clean close.
-CLOCK_START, CLOCK_END = "stamp_clock_start", "stamp_clock_end"
-
-
-def clock_fact(bracket_ns: int, at_ns: int, offset_ns: int) -> str:
-    """One bracket of the stamp clock's offset (host ns - stamp ns, `offset_ns`) as a `meta` value: measured at host
-    time `at_ns` (perf_counter_ns), good to +-`bracket_ns` / 2."""
-    return json.dumps({"bracket_ns": int(bracket_ns), "at_ns": int(at_ns), "offset_ns": int(offset_ns)})
-
-
-def keep_until_exit(*objs: Any) -> None:
-    """Hold device objects of a dead CUDA context until the process ends: destroying them throws inside a
-    destructor (the caching allocator queries the context) and aborts the process."""
-    _DEAD_CONTEXT_OBJECTS.append(objs)
-
-
-def end_of(exc: BaseException | None, stopped: bool = False) -> tuple[str, str]:
-    """(state, detail) of the end record for a run that `exc` ended (None: it finished; `stopped`: its controller
-    stopped it): "closed", "stopped", "interrupted" (Ctrl-C: "SIGINT"), "cuda_error" or "error" (the exception's
-    type and the first line of its message)."""
-    if stopped:
-        return "stopped", " ".join(str(exc or "").split())[:300]
-    if exc is None:
-        return "closed", ""
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted", "SIGINT"  # Python's default SIGINT handler is what raises it
-    first = (str(exc).strip().splitlines() or [""])[0]
-    detail = f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
-    return ("cuda_error" if is_sticky_cuda_error(exc) else "error"), detail
-
-
-class _Span:
-    """`Recorder.span`: on a stamp ring, a stamp on entry and on a clean exit; without one (a host region on a GPU
-    run), host clock times. A small class: a generator-based context manager cost several µs per span on the launch
-    path."""
-
-    __slots__ = ("recs", "stream", "name", "ring", "a")
-
-    def __init__(self, recs: list[StepRecord], stream: str, name: str, ring: StampRing | None) -> None:
-        self.recs, self.stream, self.name, self.ring, self.a = recs, stream, name, ring, 0
-
-    def __enter__(self) -> None:
-        self.a = self.ring.stamp() if self.ring is not None else time.perf_counter_ns()
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
-        if exc_type is None:
-            ring = self.ring
-            start: int | tuple[StampRing, int]
-            end: int | tuple[StampRing, int]
-            if ring is None:
-                start, end = self.a, time.perf_counter_ns()
-            else:
-                start, end = (ring, self.a), (ring, ring.stamp())
-            for r in self.recs:
-                r.spans.append(_PendingSpan(self.stream, self.name, start, end))
-        return False
-
-
-def _recs(rec: Steps) -> list[StepRecord]:
-    if type(rec) is StepRecord:  # the common case first: every step-level hook comes through here
-        return [rec]
-    if rec is None:
-        return []
-    if isinstance(rec, StepRecord):
-        return [rec]
-    return [r for r in rec if r is not None]  # a list or tuple of steps
-
-
 class Recorder:
     """Builds steps and writes them to a `TraceWriter` once their device work has completed."""
 
     enabled = True
 
-    def __init__(self, writer: ProcessTraceWriter, device: torch.device, ring_int64: int = 8 << 20) -> None:
+    def __init__(self, writer: StepSink, device: torch.device, ring_int64: int = 8 << 20) -> None:
         self.writer = writer
         self.device = device
         self.is_cuda = device.type == "cuda"
@@ -141,21 +66,15 @@ class Recorder:
         self._ring = PinnedRing(ring_int64) if self.is_cuda else None
         self._free_events: list[Any] = []
         self._failed: BaseException | None = None  # a sticky CUDA error: no device call may run any more
-        # The steps the latest recorded errors went on, by (type name, message): the end record names the step
-        # carrying the one that ended the run (a run that ends on an error records it last). By value, not the
-        # exception itself: holding one would hold its traceback's frames and their tensors.
-        self._errors_on: dict[tuple[str, str], list[StepRecord]] = {}
-        self._hit: StepRecord | None = None  # the step close() marked with a sticky error
+        self._errors = ErrorLedger()  # which step carries the error that ended the run
         self.ring: SnapshotRing | None = None  # opened by the engine before it captures graphs
         self._outbox: list[dict[str, Any]] = []  # resolved steps, sent to the writer in batches
         self._later: list[tuple[Callable[..., None], tuple[object, ...]]] = []  # see `later`
-        # One shared tuple per distinct layout: a batch pickles a graph's layout once, not once per replay.
-        self._layouts: dict[tuple[LayoutEntry, ...], tuple[LayoutEntry, ...]] = {}
-        self._np_names: dict[Any, str] = {}
         self._ended = self._ended_at_pass = 0  # steps ended, and their number at the last resolving poll
-        if self.is_cuda and hasattr(writer, "send_in_background"):
+        background = getattr(writer, "send_in_background", None)  # a writer process's client has one
+        if self.is_cuda and background is not None:
             # Tiny models make steps faster than the writer child stores them: the engine must not wait on the pipe.
-            writer.send_in_background()
+            background()
         # One stamp ring per stream; the compute stream's is the one captured graphs stamp (`compute_stamps`).
         self._stamps: dict[Any, StampRing] = {}
         self._np_views: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # see snapshot_host
@@ -163,12 +82,13 @@ class Recorder:
         self.clock = StampClock(self.compute_stamps)  # device stamps -> host ns, measured once
         clock = self.clock
         self.writer.write_meta(CLOCK_START, clock_fact(clock.bracket_ns, clock.at_ns, clock.offset_ns))
+        self._resolver = StepResolver(clock, self._ring, self._free_events)
 
     def open_ring(self, width: int, budget_bytes: int | None = None) -> SnapshotRing:
         """The device rows captured graphs write their snapshots into (`width` int64 per row, the largest pack a
         graph makes); rows are sized to `budget_bytes` of device and of pinned host memory each."""
         rows = max(16, min(512, (budget_bytes or RING_BYTES) // (8 * max(width, 1))))
-        self.ring = SnapshotRing(self.device, width, rows)
+        self.ring = self._resolver.ring = SnapshotRing(self.device, width, rows)
         # Replays run on the compute stream, and their rows are drained there (after them, before any later one).
         self.ring.stream_handle = self.compute_stamps.stream_handle
         return self.ring
@@ -181,6 +101,11 @@ class Recorder:
                          tokens_per_request, num_draft_tokens, page_size, time.perf_counter_ns())
         self._open.append(rec)
         return rec
+
+    @property
+    def next_index(self) -> int:
+        """The index the next numbered step gets."""
+        return self._next_index
 
     def assign_index(self, rec: StepRecord) -> int:
         """Give `rec` its step index now (idempotent): steps are numbered in the order their forwards were issued
@@ -243,17 +168,8 @@ class Recorder:
             fn(*args)
 
     def intern_layout(self, layout: Layout) -> tuple[LayoutEntry, ...]:
-        """`layout` (name, torch dtype, shape, data_ptr per tensor) with numpy dtype names, as the one shared tuple
-        of its value; a caller that keeps it hands the same object with every step, which is returned as it is."""
-        if type(layout) is tuple:
-            return layout  # interned already
-        key = tuple((n, _NP_DTYPES.get(d, d), sh, ptr) for n, d, sh, ptr in layout)
-        kept = self._layouts.get(key)
-        if kept is None:
-            if len(self._layouts) >= _LAYOUTS_KEPT:
-                self._layouts.clear()
-            kept = self._layouts[key] = key
-        return kept
+        """`layout` with numpy dtype names, as the one shared tuple of its value (see `StepResolver.intern_layout`)."""
+        return self._resolver.intern_layout(layout)
 
     def snapshot_float(self, rec: StepRecord, name: str, t: torch.Tensor) -> None:
         """Record a float tensor as float32 (sampled attention inputs/outputs for the differential check).
@@ -286,13 +202,13 @@ class Recorder:
             ring.on_lap = lambda below, r=ring: self._read_out_stamps(r, below)
         return ring
 
-    def span(self, rec: Steps, stream: str, name: str, cuda_stream: torch.cuda.Stream | None = None) -> _Span:
+    def span(self, rec: Steps, stream: str, name: str, cuda_stream: torch.cuda.Stream | None = None) -> Span:
         """Time a region for one step or a list of steps (a context manager): with device stamps on `cuda_stream` on
         a GPU (stamps on the CPU are host times), with the host clock for a host region (`cuda_stream` None on a
         GPU). A body that raises leaves no span (after a sticky CUDA error nothing may be launched any more). Span
         names are documented in docs/trace-format.md ("producers", "metadata", "forward")."""
         host = self.is_cuda and cuda_stream is None
-        return _Span(_recs(rec), stream, name, None if host else self.stamp_ring(stream, cuda_stream))
+        return Span(records_of(rec), stream, name, None if host else self.stamp_ring(stream, cuda_stream))
 
     def graph_span(self, rec: StepRecord, stream: str, name: str, ring: StampRing) -> None:
         """A span a graph replay just launched stamped itself (its first and last node, on `ring`'s stream): the
@@ -314,19 +230,15 @@ class Recorder:
     def wait(self, rec: Steps, stream: str, on_stream: str, on_span: str) -> None:
         """Record a wait edge the engine has just enqueued: `stream` waits for span `on_span` of `on_stream`."""
         edge = (stream, on_stream, on_span)  # StreamWait's fields (the writer makes the StreamWait)
-        for r in _recs(rec):
+        for r in records_of(rec):
             r.waits.append(edge)
 
     def error(self, rec: Steps, call: str, exc: BaseException, fatal: bool = False) -> None:
         """Record that `call` raised for this step (type and message verbatim)."""
-        recs = _recs(rec)
+        recs = records_of(rec)
         for r in recs:
             r.errors.append(CallError(call, type(exc).__name__, str(exc), fatal))
-        key = (type(exc).__name__, str(exc))
-        self._errors_on.pop(key, None)
-        if len(self._errors_on) >= 8:
-            self._errors_on.pop(next(iter(self._errors_on)))
-        self._errors_on[key] = recs
+        self._errors.note(recs, exc)
         if fatal:
             self._failed = exc  # the device is gone: from now on nothing is enqueued, synchronized or queried
 
@@ -334,19 +246,25 @@ class Recorder:
         """Fault accounting: these injected faults changed this step (never an input to detection)."""
         if not faults:
             return
-        for r in _recs(rec):
+        for r in records_of(rec):
             for f in faults:
                 if f not in r.faults_fired:
                     r.faults_fired.append(f)
 
-    def end_step(self, rec: StepRecord, requests: RequestColumns | Callable[[], RequestColumns] | None = None) -> None:
+    def end_step(self, rec: StepRecord, requests: RequestColumns | Callable[[], RequestColumns] | None = None, *,
+                 finish: Callable[[StepRecord], None] | None = None, after: Sequence[StepRecord] = ()) -> None:
         """Close the step (with its request rows, or the function that makes them when it is resolved); it is written
         once its device work completes. Only what must happen now happens here (its
         end time, its number, the event after its host copies); queueing it waits for the next poll, off the launch
-        path (an engine ends steps right after its read-back, where the GPU waits for the next launch)."""
-        rec.end_ns = time.perf_counter_ns()
+        path (an engine ends steps right after its read-back, where the GPU waits for the next launch). `finish`
+        and `after`: see `Probe.end_step` (an end time set before is kept: an adapter's step ends at its call)."""
+        rec.end_ns = rec.end_ns or time.perf_counter_ns()
         if requests is not None:
             rec.requests = requests
+        if finish is not None:
+            rec.finish = finish
+        if after:
+            rec.after.extend(after)
         self._ended += 1
         self.assign_index(rec)
         if self.is_cuda and self._failed is None and (rec.floats or any(p.slot is not None for p in rec.packs)):
@@ -427,7 +345,7 @@ class Recorder:
             if not self._complete(rec, done):
                 return False
             self._pending.popleft()
-            self._outbox.append(self._resolve(rec))
+            self._outbox.append(self._resolver.resolve(rec))
         return True
 
     def _send(self) -> None:
@@ -455,7 +373,9 @@ class Recorder:
         self.writer.flush()
 
     def _complete(self, rec: StepRecord, done: dict[int, int]) -> bool:
-        if rec.done_event is not None and not rec.done_event.query():
+        if rec.done_event is not None and not rec.done_event.query():  # type: ignore[no-untyped-call]
+            return False
+        if (rec.copy_events or rec.after) and not all(e.query() for r in (rec, *rec.after) for e in r.copy_events):
             return False
         if self.ring is not None and rec.packs:
             rows = done.get(id(self.ring))  # asked once per pass, like the stamp rings below
@@ -479,7 +399,7 @@ class Recorder:
 
     def _event(self) -> Any:
         # Events are reused once their step is written: creating one costs more than recording it.
-        return self._free_events.pop() if self._free_events else torch.cuda.Event()
+        return self._free_events.pop() if self._free_events else torch.cuda.Event()  # type: ignore[no-untyped-call]
 
     def _drain_oldest(self) -> None:
         """The pinned ring is full: wait for the oldest pending step and write it (and what is ready after it)."""
@@ -537,23 +457,11 @@ class Recorder:
         set_end = getattr(self.writer, "set_end", None)  # None: a writer that keeps no end record (a stand-in)
         try:
             if set_end is not None:
-                set_end(state, lost_in_flight=lost, detail=detail, error_step=self._error_step(ended_by))
+                error_step = self._errors.step_of(ended_by, self._failed)
+                set_end(state, lost_in_flight=lost, detail=detail, error_step=error_step)
         except TraceError:
             pass  # the writer is gone: close() says why (and still stops its processes)
         self.writer.close()
-
-    def _error_step(self, exc: BaseException | None) -> int | None:
-        """The index of the step that carries `exc` (or an exception it was raised from) as a CallError, if any."""
-        if self._hit is not None and self._failed is not None and exc is self._failed:
-            return self._hit.index
-        seen: set[int] = set()
-        while exc is not None and id(exc) not in seen:
-            seen.add(id(exc))
-            indexes = [r.index for r in self._errors_on.get((type(exc).__name__, str(exc)), ()) if r.index >= 0]
-            if indexes:
-                return max(indexes)
-            exc = exc.__cause__ or exc.__context__
-        return None
 
     def _write_clock_end(self) -> None:
         # The offset measured again where the run synchronizes anyway: how far the stamp clock drifted against the
@@ -575,90 +483,8 @@ class Recorder:
         self._outbox = []
         self._pending.clear()
         self._open.clear()
-        if recs and not any(e.fatal for r in recs for e in r.errors):
-            # The error surfaces at the first host sync after the faulting launch: the step launched last and
-            # not finished (or else the last one issued) is where it hit.
-            hit = max(launched, key=lambda r: r.index) if launched else recs[-1]
-            hit.errors.append(CallError("cuda", type(err).__name__, str(err), True))
-            self._hit = hit
+        self._errors.mark_hit(recs, launched, err)
         for r in recs:
-            r.end_ns = r.end_ns or time.perf_counter_ns()
-            if self.is_cuda:
-                keep_until_exit(r.spans, r.packs, r.floats, r.done_event)
-                r.packs, r.floats, r.done_event = [], [], None  # device copies may never have landed
-                r.spans = [s for s in r.spans if type(s.start) is int and type(s.end) is int]  # device stamps lost
-            self.writer.write_raw_step(self._resolve(r))
+            host_side_only(r, self.is_cuda)
+            self.writer.write_raw_step(self._resolver.resolve(r))
         return left_out
-
-    def _resolve(self, rec: StepRecord) -> dict[str, Any]:
-        """The step in the compact form the writer process turns into a schema Step (`step_from_raw`).
-
-        Kept cheap on purpose: this runs on the engine's thread; unpacking and encoding happen in the writer."""
-        off = self.clock.offset_ns
-        spans = [(s.stream, s.name,
-                  s.start[0].value(s.start[1]) + off if type(s.start) is tuple else s.start,
-                  s.end[0].value(s.end[1]) + off if type(s.end) is tuple else s.end) for s in rec.spans]
-        packs = []
-        for p in rec.packs:
-            values: np.ndarray
-            if p.seq is not None:
-                assert self.ring is not None, "a replay's row is in the snapshot ring"
-                values = self.ring.row(p.seq, p.length)
-            elif p.slot is not None:
-                assert self._ring is not None, "pinned-ring slots come from the pinned ring"
-                values = self._ring.np[p.slot[0]:p.slot[1]].copy()
-            else:
-                assert p.host is not None, "a pack without a ring row or a pinned slot holds its host copy"
-                values = p.host.numpy().copy()
-            packs.append((values, self.intern_layout(p.layout), p.crop_cols))
-        floats = [(name, "float32" if t.is_floating_point() else _NP_DTYPES[t.dtype], tuple(t.shape), 0,
-                   t.float().numpy() if t.is_floating_point() else t.numpy()) for name, t in rec.floats]
-        floats += [(name, self._np_name(v.dtype), v.shape, ptr, v) for name, v, ptr in rec.host_arrays]
-        for p in rec.packs:
-            if p.slot is not None:
-                assert self._ring is not None, "pinned-ring slots come from the pinned ring"
-                self._ring.release(p.slot)
-        if rec.done_event is not None:
-            self._free_events.append(rec.done_event)
-        header = dict(index=rec.index, iteration=rec.iteration, mode=rec.mode.value, model=rec.model,
-                      step_id=rec.step_id, batch_size=rec.batch_size, padded_batch_size=rec.padded_batch_size,
-                      graph=rec.graph.value, tokens_per_request=rec.tokens_per_request,
-                      num_draft_tokens=rec.num_draft_tokens, page_size=rec.page_size, start_ns=rec.start_ns,
-                      end_ns=rec.end_ns, scalars=rec.scalars)
-        requests = rec.requests() if callable(rec.requests) else rec.requests
-        return dict(header=header, requests=requests, arrays=floats, packs=packs, spans=spans, violations=[],
-                    waits=rec.waits,
-                    errors=[e.to_dict() for e in rec.errors], faults_fired=list(rec.faults_fired))
-
-    def _np_name(self, dtype: Any) -> str:
-        name = self._np_names.get(dtype)
-        if name is None:
-            name = self._np_names[dtype] = str(dtype)
-        return name
-
-
-class PinnedRing:
-    """Pinned host memory for snapshots, handed out in order and reused once their steps are written."""
-
-    def __init__(self, num_int64: int) -> None:
-        self.buf = torch.empty(num_int64, dtype=torch.int64, pin_memory=True)
-        self.np = self.buf.numpy()
-        self.head = 0
-        self.live: list[tuple[int, int]] = []  # [start, end) slots whose steps are not written yet
-
-    def take(self, n: int, drain_oldest: Callable[[], None]) -> tuple[torch.Tensor, tuple[int, int]]:
-        """A slot of `n` int64; waits for the oldest pending step only while the slot is still in use."""
-        size = self.buf.numel()
-        if n > size:
-            raise ValueError(f"a snapshot of {n} values does not fit the pinned ring ({size})")
-        start = self.head if self.head + n <= size else 0
-        while any(a < start + n and start < b for a, b in self.live):
-            drain_oldest()
-        slot = (start, start + n)
-        self.live.append(slot)
-        self.head = start + n
-        return self.buf[start:start + n], slot
-
-    def release(self, slot: tuple[int, int]) -> None:
-        """The slot's values have been copied out."""
-        self.live.remove(slot)

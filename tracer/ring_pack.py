@@ -194,4 +194,5 @@ class SnapshotRing(DrainedRing):
 
     def row(self, seq: int, length: int) -> np.ndarray:
         """The host copy of replay `seq`'s snapshot (a copy: the row is reused `rows` replays later)."""
-        return self._host_np[seq % self.rows, :length].copy()
+        row: np.ndarray = self._host_np[seq % self.rows, :length].copy()
+        return row

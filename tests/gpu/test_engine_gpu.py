@@ -185,7 +185,7 @@ def test_a_gpu_run_records_its_clock_brackets(tmp_path) -> None:
     import subprocess
     import sys
 
-    from specscope.tracer.recorder import CLOCK_END, CLOCK_START
+    from specscope.tracer.run_end import CLOCK_END, CLOCK_START
     from specscope.tracer.summary import gpu_clock
 
     _, path, _ = _run(tmp_path, "clock", num_requests=4, max_new_tokens=16)

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from specscope.tracer.recorder import SnapshotRing  # noqa: E402
+from specscope.tracer.ring_pack import SnapshotRing  # noqa: E402
 
 DEV = torch.device("cuda")
 BS, PAGES, T, P = 3, 5, 4, 16

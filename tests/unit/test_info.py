@@ -192,7 +192,7 @@ def test_info_shows_the_gpu_clock_brackets_and_their_drift(tmp_path: Path, write
     """A GPU run's recorder writes its clock-offset brackets (start, close) as meta rows; info turns them into the
     drift of the GPU clock against the host's over the run, and says when the close bracket is missing."""
     from specscope.tracer.process_writer import ProcessTraceWriter
-    from specscope.tracer.recorder import CLOCK_END, CLOCK_START, clock_fact
+    from specscope.tracer.run_end import CLOCK_END, CLOCK_START, clock_fact
 
     run = dataclasses.replace(make_run(), device="cuda:0")
 
@@ -234,7 +234,7 @@ def test_a_cpu_run_records_its_stamp_clock_brackets_and_info_leaves_them_out(tmp
     host times, so `info` prints no clock line."""
     from specscope.backend.engine_config import EngineConfig
     from specscope.backend.session import run_session
-    from specscope.tracer.recorder import CLOCK_END, CLOCK_START
+    from specscope.tracer.run_end import CLOCK_END, CLOCK_START
 
     path = str(tmp_path / "cpu.db")
     run_session(EngineConfig(model="tiny", draft="tiny-draft", device="cpu", batch_size=2, num_requests=2,

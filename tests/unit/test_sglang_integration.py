@@ -22,6 +22,8 @@ from specscope.integrations import sglang_hook  # noqa: E402
 from specscope.integrations.sglang_drive import drive, without_fixup_hook  # noqa: E402
 from specscope.integrations.sglang_loader import load_upstream  # noqa: E402
 from specscope.integrations.sglang_package import TMB_PATH  # noqa: E402
+from specscope.integrations.sglang_provenance import features  # noqa: E402
+from specscope.integrations.sglang_steps import StepBuilder  # noqa: E402
 from specscope.tracer.checks import check_steps  # noqa: E402
 from specscope.tracer.schema import ForwardMode, GraphPhase, Severity  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402
@@ -409,10 +411,10 @@ def test_unified_pool_and_swa_are_detected_from_the_backend_object() -> None:
 
     plain = SimpleNamespace(topk=1, data_type=torch.bfloat16, kv_index_translator=SimpleNamespace(is_translating=False),
                             _swa_kv_pool=None, use_sliding_window_kv_pool=False)
-    assert ss._features(plain, {}, {}, None) == []
+    assert features(plain, {}, {}, None) == []
     both = SimpleNamespace(topk=1, data_type=torch.bfloat16, kv_index_translator=SimpleNamespace(is_translating=True),
                            _swa_kv_pool=object(), is_xqa_impl=True)
-    got = {f["feature"]: f["source"] for f in ss._features(both, {}, {"SGLANG_RAGGED_VERIFY_MODE": "compact"}, None)}
+    got = {f["feature"]: f["source"] for f in features(both, {}, {"SGLANG_RAGGED_VERIFY_MODE": "compact"}, None)}
     assert got == {"unified KV pool": "backend.kv_index_translator", "SWA": "backend SWA KV pool",
                    "ragged verify": "SGLANG_RAGGED_VERIFY_MODE=compact"}
 
@@ -426,7 +428,7 @@ def test_a_failing_recorder_says_why_in_the_trace(tmp_path: Path, monkeypatch: p
     def broken(self, md) -> None:  # noqa: ANN001
         raise AttributeError("'TRTLLMMHAMetadata' object has no attribute 'something_new'")
 
-    monkeypatch.setattr(ss.SglangTracer, "_step_features", broken)
+    monkeypatch.setattr(StepBuilder, "_step_features", broken)
     up = _new()
     drive(up, tmp_path / "t.db", K=3, T=3, iterations=2)
     steps, _ = _read(tmp_path / "t.db")
