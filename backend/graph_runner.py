@@ -9,6 +9,7 @@ frozen at capture. So every capture/replay bug of the metadata path reproduces w
 from __future__ import annotations
 
 import bisect
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -153,14 +154,23 @@ class GraphRunner:
         graph = torch.cuda.CUDAGraph()
         if self.mempool is None:
             self.mempool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.mempool):
-            capturing = torch.cuda.current_stream(self.device).cuda_stream
-            if self.stamps is not None:
-                self.stamps.launch(capturing)  # the replay's start: its first node
-            logits = self.forward(fb.input_ids, fb.positions, fb)
-            ring_len = self._snapshot(fb)  # into the ring row the device index names
-            if self.stamps is not None:
-                self.stamps.launch(capturing)  # and its end: the last node
+        # No garbage collection while capturing (torch.cuda.graph collects just before): a collection inside would
+        # free pinned buffers and events of objects no longer referenced (another engine's, in one process), and a
+        # free or an event call on their streams invalidates a global-mode capture (SGLang freezes GC likewise).
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self.mempool):
+                capturing = torch.cuda.current_stream(self.device).cuda_stream
+                if self.stamps is not None:
+                    self.stamps.launch(capturing)  # the replay's start: its first node
+                logits = self.forward(fb.input_ids, fb.positions, fb)
+                ring_len = self._snapshot(fb)  # into the ring row the device index names
+                if self.stamps is not None:
+                    self.stamps.launch(capturing)  # and its end: the last node
+        finally:
+            if gc_was_on:
+                gc.enable()
         self.captured[bs] = _Captured(graph, logits, ring_len)
         return fb
 
