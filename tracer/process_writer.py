@@ -3,9 +3,9 @@ encoding and SQLite never compete with the engine for the GIL.
 
 A `TraceWriter` thread in the engine's process would slow a launch-bound Python loop many times over (bs-64
 steps, 5 per iteration: 15x), because its encoding holds the GIL in the loop's way. This side only encodes
-compact raw steps (numpy columns, no per-request objects) into pipe messages (`pipe_format`) and writes them to a
-pipe; the child (`process_writer_child`) encodes them straight from those columns and commits whenever its input is
-momentarily empty.
+compact raw steps (numpy columns, no per-request objects) into one typed batch message per resolving pass
+(`pipe_format`, `step_batch`) and writes it to a pipe; the child (`process_writer_child`) encodes them straight
+from those columns and commits whenever its input is momentarily empty.
 
 The engine's side never waits forever: every status read has a deadline, and a child that died is reported with
 its own last words (its stderr) or the signal that killed it. Checking the trace as it is written is not this
@@ -26,8 +26,9 @@ from typing import IO, Any
 
 from .child_process import StatusLines, death, pipe
 from .errors import TraceError
-from .pipe_format import LENGTH, encode_frame, encode_start, raw_from_step
+from .pipe_format import LENGTH, Close, End, Flush, Message, Meta, Request, Start, encode, encode_steps
 from .schema import RequestRecord, RunInfo, Step
+from .step_batch import LayoutTable, raw_from_step
 
 STATUS_TIMEOUT_S = 120.0  # a flush or close that takes longer than this is a hung writer, not a slow disk
 _POLL_S = 0.25
@@ -125,8 +126,9 @@ class ProcessTraceWriter:
         self._rest: list[bytes | memoryview] = []  # what is left of a message an exception cut short (see _write)
         self._guarded = False  # writes on the main thread hold a Ctrl-C back until the message is whole (once started)
         self._limit = 0
+        self._layouts = LayoutTable()  # snapshot layouts the child has been sent
         _grow_pipe(pipe(self._proc.stdin))
-        self._send_data(encode_start(self.path, run.to_dict(), overwrite))
+        self._send_data(encode(Start(self.path, run.to_dict(), overwrite)))
         # Starting Python (numpy, zstandard, SQLite) on a loaded machine can take a while: a generous deadline.
         kind, msg = self._status("start", max(self.status_timeout, 60.0))
         if kind != "ready":
@@ -304,42 +306,47 @@ class ProcessTraceWriter:
         self._dead = death(self._proc, self._err, "the trace writer process")
         return TraceError(self._dead, self.path)
 
-    def _send(self, kind: str, payload: Any) -> None:
+    def _send(self, msg: Message) -> None:
         if self._closed:
             raise TraceError("the trace writer is already closed", self.path)
-        self._send_data(encode_frame(kind, payload))
+        self._send_data(encode(msg))
 
     def write_raw_step(self, raw: dict[str, Any]) -> None:
-        """Queue a step in the recorder's compact form (see `pipe_format.parts_from_raw`)."""
-        self._send("step", raw)
+        """Queue a step in the recorder's compact form (see `step_batch.parts_from_raw`)."""
+        self.write_raw_steps([raw])
 
     def write_raw_steps(self, raws: list[dict[str, Any]]) -> None:
-        """Queue steps in the recorder's compact form as one message (a batch frame, see `pipe_format.FAST_STEPS`)."""
-        self._send("steps", raws)
+        """Queue steps in the recorder's compact form as one message (a `step_batch.StepBatch`); a step that cannot
+        travel fails the writer at the next flush or close, as one it cannot store does."""
+        if self._closed:
+            raise TraceError("the trace writer is already closed", self.path)
+        if not raws:
+            return
+        for data in encode_steps(raws, self._layouts):
+            self._send_data(data)
 
     def write_step(self, step: Step) -> None:
         """Queue a schema Step."""
-        self._send("step", raw_from_step(step))
+        self.write_raw_steps([raw_from_step(step)])
 
     def write_request(self, rec: RequestRecord) -> None:
         """Queue a finished request."""
-        self._send("request", rec.to_dict())
+        self._send(Request(rec.to_dict()))
 
     def write_meta(self, key: str, value: str) -> None:
         """Queue a `meta` row (see `TraceWriter.write_meta`)."""
-        self._send("meta", (str(key), str(value)))
+        self._send(Meta(str(key), str(value)))
 
     def set_end(self, state: str, *, lost_in_flight: int | None, detail: str = "",
                 error_step: int | None = None) -> None:
         """Say how the run ended (see `TraceWriter.set_end`); the child stores it when it closes the trace. Without
         it a close records "closed", and a pipe that ends with no close frame records "engine_ended"."""
-        lost = None if lost_in_flight is None else int(lost_in_flight)
-        self._send("end", {"state": str(state), "lost_in_flight": lost, "detail": str(detail),
-                           "error_step": None if error_step is None else int(error_step)})
+        self._send(End(str(state), None if lost_in_flight is None else int(lost_in_flight), str(detail),
+                       None if error_step is None else int(error_step)))
 
     def flush(self) -> None:
         """Wait until everything sent is committed."""
-        self._send("flush", None)
+        self._send(Flush())
         self._wait_sent()
         kind, msg = self._status("a flush")
         if kind != "flushed":
@@ -354,7 +361,7 @@ class ProcessTraceWriter:
         kind, msg = "error", self._dead or ""
         if not self._dead:
             try:
-                self._send_data(encode_frame("close", None))
+                self._send_data(encode(Close()))
                 self._wait_sent()
                 kind, msg = self._status("close")
             except TraceError as e:

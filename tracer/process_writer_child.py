@@ -1,7 +1,7 @@
 """The trace writer's child process: `python -m specscope.tracer.process_writer_child`, started by
 `ProcessTraceWriter` (`process_writer.py`).
 
-It reads length-prefixed messages (`pipe_format`) on stdin, decodes them and writes them with a synchronous
+It reads length-prefixed messages (`pipe_format.Message`) on stdin, decodes them and writes them with a synchronous
 `TraceWriter` (no thread: one asynchronous boundary, the pipe), commits whenever its input is momentarily empty (one
 transaction for a backlog), and answers one line per status request on stdout: `ready`, `flushed`, `closed` or
 `error TEXT`.
@@ -17,17 +17,14 @@ import os
 import select
 import signal
 import sys
+from typing import Any
+
+import msgspec
 
 from .errors import TraceError
-from .pipe_format import (
-    LENGTH,
-    decode_message,
-    decode_start,
-    decode_step_frame,
-    parts_from_raw,
-    unwire_steps,
-)
-from .schema import RequestRecord, RunInfo, Violation
+from .pipe_format import LENGTH, Close, End, Flush, Meta, Refused, Request, Start, Steps, decode
+from .schema import RequestRecord, RunInfo
+from .step_batch import batch_columns
 from .writer import TraceWriter
 
 _POLL_S = 0.25  # how often a blocked read looks for a new parent
@@ -91,7 +88,7 @@ class _Input:
         (n,) = LENGTH.unpack_from(self.buf, self.pos)
         start = self.pos + LENGTH.size
         self.pos = start + n
-        # A copy: the buffer is overwritten by later reads, and a step frame's arrays become views of these bytes.
+        # A copy: the buffer is overwritten by later reads.
         with memoryview(self.buf) as mv:
             return bytes(mv[start : start + n])
 
@@ -120,13 +117,16 @@ def main() -> int:
             pass  # nobody is listening any more
 
     try:
-        path, run, overwrite = decode_start(inp.next())
-        writer = TraceWriter(path, RunInfo.from_dict(run), overwrite=overwrite, threaded=False)
-    except (TraceError, EOFError) as e:
+        start = decode(inp.next())
+        if not isinstance(start, Start):
+            raise TraceError(f"the trace writer's first message is a {type(start).__name__}, not a Start")
+        writer = TraceWriter(start.path, RunInfo.from_dict(start.run), overwrite=start.overwrite, threaded=False)
+    except (TraceError, EOFError, msgspec.DecodeError) as e:
         say(f"error {e}")
         return 0
     say("ready")
     err = None
+    layouts: list[Any] = []  # the snapshot layouts the engine sent, by number (see step_batch.LayoutTable)
     ended = False  # the engine sent its end record
     while True:
         try:
@@ -136,9 +136,9 @@ def main() -> int:
                 # Nothing waiting: commit what arrived (one transaction for a backlog), then block.
                 if err is None:
                     writer.commit()
-                msg = inp.next()
+                msg_bytes = inp.next()
             else:
-                msg = inp.take()
+                msg_bytes = inp.take()
         except EOFError:
             # The pipe ended without a close frame: the engine process is gone (killed, or it exited without closing
             # the trace). Commit what arrived and say so, unless the engine said how its run ended first.
@@ -150,11 +150,13 @@ def main() -> int:
         except TraceError as e:
             err = err or str(e)
             continue
-        # A step frame is decoded below, where what it cannot hold is reported like any unstorable step.
-        kind, payload = decode_message(msg)
-        if kind == "close":
+        try:
+            msg = decode(msg_bytes)
+        except msgspec.DecodeError as e:
+            msg = Refused(f"a message the writer cannot read ({e})")
+        if isinstance(msg, Close):
             break
-        if kind == "flush":
+        if isinstance(msg, Flush):
             if err is None:
                 try:
                     writer.commit()
@@ -165,23 +167,21 @@ def main() -> int:
         if err is not None:
             continue  # keep draining, so the engine's writes never block on a full pipe
         try:
-            if kind == "frame":
-                writer.write_columns(decode_step_frame(payload))
-            elif kind == "step":
-                writer.write_parts(parts_from_raw(payload))
-            elif kind == "steps":
-                for raw in unwire_steps(payload):
-                    writer.write_parts(parts_from_raw(raw))
-            elif kind == "request":
-                writer.write_request(RequestRecord.from_dict(payload))
-            elif kind == "meta":
-                writer.write_meta(*payload)
-            elif kind == "end":
+            if isinstance(msg, Steps):
+                for cols in batch_columns(msg.batch, layouts):
+                    writer.write_columns(cols)
+            elif isinstance(msg, Request):
+                writer.write_request(RequestRecord.from_dict(msg.record))
+            elif isinstance(msg, Meta):
+                writer.write_meta(msg.key, msg.value)
+            elif isinstance(msg, End):
                 ended = True
-                writer.set_end(**payload)
-            elif kind == "violations":
-                vs, source = payload
-                writer.add_violations([Violation.from_dict(v) for v in vs], source)
+                writer.set_end(msg.state, lost_in_flight=msg.lost_in_flight, detail=msg.detail,
+                               error_step=msg.error_step)
+            elif isinstance(msg, Refused):
+                err = msg.reason
+            else:
+                err = f"an unexpected {type(msg).__name__} message"
         except TraceError as e:
             err = str(e)
         except Exception as e:  # noqa: BLE001 - a step the encoder cannot store is reported to the engine
