@@ -12,8 +12,15 @@
 #   ablation  the measurement-only recorders (floor, eager spans)                   recorder_ablation.* (one file of the four runs)
 #   host      the recorder's host cost per call, a py-spy profile of tiny bs 1     recorder_host.json, host_profile.txt
 #   records   the H200 sample traces, the GPU replays, the SGLang GPU tests         samples/traces/h200-*.db, gpu_replay.txt
+#   pair-tiny the old commit's recorder and the working tree's in paired arms, tiny  tracer_overhead_paired.* (merged,
+#   pair-8b   the same at the Llama-3-8B shape                                           see below)
+# The pair parts need the old commit's package folders, made on the development machine and carried with the tree
+# (git-ignored): `bash scripts/base_tree.sh 25cc3e3 .bench/base-25cc3e3` (BASE_TREE names another; NEW_LABEL says
+# what the working tree is, e.g. NEW_LABEL="adb22d1 + working tree", as the GPU host has no git). Merge the two calls'
+# JSON on the development machine: python benchmarks/tracer_overhead.py --merge paired_tiny.json paired_8b.json
+# --out benchmarks/results/tracer_overhead_paired.json
 set -uo pipefail
-parts="tests|clocks|bench|overhead|ablation|host|records"
+parts="tests|clocks|bench|overhead|ablation|host|records|pair-tiny|pair-8b"
 part=${1:?usage: gpu_batch.sh $parts}
 case "|$parts|" in *"|$part|"*) ;; *) echo "usage: gpu_batch.sh $parts" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-out}
@@ -80,6 +87,19 @@ case $part in
     step eager-spans 150 python benchmarks/tracer_overhead.py --models tiny,llama3-8b --batch-sizes 1 --quick \
       --rounds 9 --no-profiler --ab-ablate eager-spans --out "$out/eager_spans.json"
     grep -E "^=== |bs +[0-9]+ +off" "$log"
+    ;;
+  pair-tiny|pair-8b)
+    # Paired arms of two trees in the same alternating rounds (each tree's engines in a worker process of its own,
+    # both on this GPU): old and new traced over their own untraced, new over old, the profiler as the anchor.
+    base=${BASE_TREE:-.bench/base-25cc3e3}
+    if [ ! -f "$base/tracer/__init__.py" ]; then
+      echo "=== $part: no base tree at $base (bash scripts/base_tree.sh 25cc3e3 $base, and carry it)" | tee -a "$log"
+      exit 2
+    fi
+    model=${part#pair-}; [ "$model" = 8b ] && model=llama3-8b
+    step "$part" 480 python benchmarks/tracer_overhead.py --models "$model" --quick --rounds 15 --base-tree "$base" \
+      ${NEW_LABEL:+--new-label "$NEW_LABEL"} --out "$out/paired_${part#pair-}.json"
+    grep -E "^=== |^tree |bs +[0-9]+ +off|error" "$log"
     ;;
   host)
     # The recorder's host µs per call inside a traced tiny bs 1 run, then where tiny bs 1's traced iteration spends
