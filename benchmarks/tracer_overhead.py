@@ -54,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -466,17 +466,19 @@ def markdown_paired(doc: dict[str, Any]) -> str:
            "share the GPU: off / off across them is shown as a check); new on / old on is the paired ratio of the "
            "two traced arms, run side by side; new overhead / old overhead = (new on / new off) / (old on / old off) "
            "per round. Ratio columns: median [min–max] of the round ratios, then the ratio of the arms' medians.",
-           f"- target (the new tree): new on / new off ≤ {TARGET}.", "",
-           "| model | bs | off ms new / old | on ms new / old | new on / off | old on / off | new on / old on "
+           f"- target (the new tree): new on / new off ≤ {TARGET}.",
+           *(f"- note: {n}" for n in doc.get("notes", ())), "",
+           "| model | bs | rounds | off ms new / old | on ms new / old | new on / off | old on / off | new on / old on "
            "| new overhead / old overhead | off new / old | profiler / off | new ≤ 1.02 |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         w, q, m = r["wall_ms"], r["ratios"], r["ratio_of_medians"]
 
         def cell(k: str, q: dict[str, Any] = q, m: dict[str, Any] = m) -> str:
             return f"{_fmt(q[k])} ({m[k]:.3f})" if k in q else "—"
 
-        out.append(f"| {r['model']} | {r['batch_size']} | {w['new:off']['median']:.2f} / {w['old:off']['median']:.2f} "
+        out.append(f"| {r['model']} | {r['batch_size']} | {r['repeats']} | {w['new:off']['median']:.2f} / "
+                   f"{w['old:off']['median']:.2f} "
                    f"| {w['new:on']['median']:.2f} / {w['old:on']['median']:.2f} | {cell('new_on/new_off')} "
                    f"| {cell('old_on/old_off')} | {cell('new_on/old_on')} | {cell('new_overhead/old_overhead')} "
                    f"| {cell('new_off/old_off')} | {cell('profiler/new_off')} "
@@ -573,19 +575,26 @@ def run_paired(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def merge_paired(files: list[str], out: str) -> int:
-    """Several paired results of the same two trees and settings (e.g. the tiny and the 8B calls) as one."""
+def merge_paired(files: list[str], out: str, notes: Sequence[str] = ()) -> int:
+    """Several paired results of the same two trees and settings (e.g. the tiny and the 8B calls) as one, with
+    `notes` for the markdown."""
     docs = [json.loads(Path(f).read_text()) for f in files]
     if any(d.get("benchmark") != "tracer_overhead_paired" for d in docs):
         print("tracer_overhead: error: --merge takes paired results (--base-tree) only", file=sys.stderr)
         return 2
-    same = ("commits", "rounds", "plan_stream", "live_check", "spec_steps", "quick", "arms", "cpu_dry_run")
+    # Rounds and arms may differ per call (each row carries its own); what the rows measure may not.
+    same = ("commits", "plan_stream", "live_check", "spec_steps", "quick", "cpu_dry_run")
     for d in docs[1:]:
         diff = [k for k in same if d.get(k) != docs[0].get(k)]
         if diff:
             print(f"tracer_overhead: error: the results differ in {', '.join(diff)}", file=sys.stderr)
             return 2
     doc = dict(docs[0])
+    doc["arms"] = list(dict.fromkeys(a for d in docs for a in d["arms"]))
+    for k in ("rounds", "repeats"):
+        vals = list(dict.fromkeys(d[k] for d in docs))
+        doc[k] = vals[0] if len(vals) == 1 else " / ".join(map(str, vals)) + " (per call; see each row)"
+    doc["notes"] = [*doc.get("notes", ()), *notes]
     hs = [d["header"] for d in docs]
     doc["header"] = dict(hs[0], date=[h["date"] for h in hs], machine_load=[h["machine_load"] for h in hs],
                          command=[h["command"] for h in hs], hardware=sorted({h["hardware"] for h in hs}),
@@ -633,6 +642,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--new-label", default=None,
                     help="with --base-tree: what the working tree is, for the header (default: git's HEAD, or "
                          "'not recorded' on a host without git)")
+    ap.add_argument("--note", action="append", default=[], metavar="TEXT",
+                    help="with --merge: a line for the merged results' header (repeatable)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="merge paired results of the same trees and settings (e.g. the tiny and the 8B calls) "
                          "into --out, and exit")
@@ -677,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.merge:
-        return merge_paired(args.merge, args.out)
+        return merge_paired(args.merge, args.out, args.note)
     if args.base_tree is not None:
         return run_paired(args, argv)
     try:
