@@ -87,12 +87,12 @@ async def paced_key(key_to_frame, key: str, gap_s: float = 0.15) -> float:
     return await key_to_frame(key)
 
 
-async def measure(path: str, nav_steps: int, seed: int, lone_keys: int = 60) -> dict:
+async def measure(path: str, nav_steps: int, seed: int, lone_keys: int = 60, collector=None) -> dict:
     """First screen, stepping, held-key strides, random go-to, violation jumps."""
     from specscope.ui.tui.app import SpecscopeApp
 
     t0, c0 = time.perf_counter(), time.thread_time()
-    app = SpecscopeApp(path)
+    app = SpecscopeApp(path, collector=collector)
     frames: list[float] = []
     shown: list[float] = []
     display, move_to = app._display, app.move_to
@@ -273,7 +273,10 @@ def main() -> int:
         write_s = round(write_trace(path, args.steps, args.seed), 1)
     with TraceReader(path) as r:
         n = r.num_steps()
-    res = asyncio.run(measure(path, args.nav_steps, args.seed))
+    from specscope.ui.tui.idle_gc import tuned_gc
+
+    with tuned_gc() as collector:  # the process's gc tuning, as `specscope tui` (ui/cmd_tui.py) applies it
+        res = asyncio.run(measure(path, args.nav_steps, args.seed, collector=collector))
     res["cli_first_screen_s_tmux"] = None if (t := cli_first_screen(path)) is None else round(t, 2)
     import textual
 

@@ -6,15 +6,19 @@ import argparse
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from .args import add_step, integer
 from .cmd_run import add_run_arguments
+
+if TYPE_CHECKING:
+    from specscope.ui.tui.live import Breakpoints
 
 # Run flags the live TUI sets itself (or that make no sense for a live run).
 _OWN_RUN_FLAGS = {"output", "quiet", "list_faults", "no_trace", "help"}
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `tui`."""
     p = subparsers.add_parser(
         "tui", help="step through a trace in the terminal, follow one, or drive a live run (--live)",
@@ -93,13 +97,16 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         return _error(f"{args.trace}: has no step {args.step} ({where})")
     from specscope.ui.tui.app import SpecscopeApp
+    from specscope.ui.tui.idle_gc import tuned_gc
 
-    app = SpecscopeApp(args.trace, follow=True if args.follow else (None if not closed else False), start=args.step)
-    app.run()
+    with tuned_gc() as collector:  # the process's collector settings, for as long as the viewer runs
+        app = SpecscopeApp(args.trace, follow=True if args.follow else (None if not closed else False),
+                           start=args.step, collector=collector)
+        app.run()
     return 0
 
 
-def live_breakpoints(args: argparse.Namespace):  # -> Breakpoints
+def live_breakpoints(args: argparse.Namespace) -> Breakpoints:
     """Breakpoints from the flags (a bad condition is a ConditionError, a ValueError)."""
     from specscope.tracer.condition import parse_condition
     from specscope.ui.tui.live import Breakpoints
@@ -124,9 +131,10 @@ def run_live(args: argparse.Namespace) -> int:
     return launch_live(run_argv(args), trace, breaks, start_paused=args.paused)
 
 
-def launch_live(argv: list[str], trace: str, breaks, start_paused: bool = False) -> int:  # breaks: Breakpoints
+def launch_live(argv: list[str], trace: str, breaks: Breakpoints, start_paused: bool = False) -> int:
     """Start `specscope run ARGV -o TRACE --control ...` and the live TUI over it; also used by `demo`."""
     from specscope.ui.tui.app import SpecscopeApp
+    from specscope.ui.tui.idle_gc import tuned_gc
     from specscope.ui.tui.live import LiveController, LiveError
 
     ctl = LiveController(argv, trace, breaks, start_paused=start_paused)
@@ -137,7 +145,8 @@ def launch_live(argv: list[str], trace: str, breaks, start_paused: bool = False)
         ctl.shutdown(5)
         return _error(str(e))
     try:
-        SpecscopeApp(trace, controller=ctl, follow=True).run()
+        with tuned_gc() as collector:
+            SpecscopeApp(trace, controller=ctl, follow=True, collector=collector).run()
     finally:
         ctl.shutdown()
     rc = ctl.returncode()

@@ -14,7 +14,7 @@ from specscope.tracer.checks import check_steps
 from specscope.tracer.store import TraceReader
 from specscope.ui.tui.app import SpecscopeApp
 from specscope.ui.tui.live import START_PAUSED_REASON, Breakpoints, LiveController
-from tui_fixtures import _at_root, anyio_backend  # noqa: F401 - fixtures
+from tui_fixtures import _at_root, anyio_backend, screen_text  # noqa: F401 - fixtures
 
 RUN = ["--requests", "3", "--batch-size", "2", "--max-new-tokens", "12", "--prompt-len", "24,60",
        "--page-size", "16", "--inject", "stale-page-table"]
@@ -109,10 +109,6 @@ class _Terminal:
         return getattr(self._inner, name)
 
 
-def _screen_text(app: SpecscopeApp) -> str:
-    """Everything on screen as plain text (what a user reads)."""
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
-
 
 def _committed(trace: str) -> int:
     """Steps the run has committed to its trace so far."""
@@ -127,7 +123,7 @@ async def _drive_demo(app: SpecscopeApp, seen: dict[str, Any]) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await _until(pilot, lambda: ctl.state == "paused" and ctl.paused_at == 0 and app.current == 0)
         await pilot.pause()
-        seen["first screen"] = _screen_text(app)
+        seen["first screen"] = screen_text(app)
         seen["status"] = app._statusbar.plain
         seen["at start"] = _committed(ctl.trace)
         await pilot.press("s")

@@ -5,11 +5,15 @@ from __future__ import annotations
 import pytest
 from specscope.tracer.query import StepFilter
 from specscope.tracer.store import TraceReader
+from specscope.ui.tui import keymap
 from specscope.ui.tui import model as m
-from specscope.ui.tui.app import ACTIONS, Accelerator, SpecscopeApp
-from specscope.ui.tui.widgets import PageGrid, RequestsTable, StepList
+from specscope.ui.tui.app import Accelerator, SpecscopeApp
+from specscope.ui.tui.page_grid import PageGrid
+from specscope.ui.tui.requests_table import RequestsTable
+from specscope.ui.tui.step_list import StepList
+from specscope.ui.views import violation_cell
 from textual.command import CommandList, CommandPalette
-from tui_fixtures import _at_root, anyio_backend, until  # noqa: F401 - fixtures
+from tui_fixtures import _at_root, anyio_backend, screen_lines, screen_text, until  # noqa: F401 - fixtures
 from tui_samples import sample
 
 
@@ -34,10 +38,6 @@ class FakeClock:
     def __call__(self) -> float:
         return self.t
 
-
-def _screen_text(app: SpecscopeApp) -> str:
-    """Everything on screen as plain text (what a user reads)."""
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
 async def _open(path: str, size: tuple[int, int] = (120, 40)):
@@ -129,18 +129,9 @@ def _palette_pick(app: SpecscopeApp) -> str:
     return str(hits.get_option_at_index(hits.highlighted).prompt)
 
 
-def _cells(app: SpecscopeApp) -> list[list[tuple[str, object]]]:
-    """Every cell on screen: its character and its style without meta (what the terminal shows)."""
-    rows = []
-    for strip in app.screen._compositor.render_strips():
-        row = []
-        for seg in strip:
-            st = seg.style.copy() if seg.style is not None else None
-            if st is not None:
-                st._meta = None
-            row.extend((ch, st) for ch in seg.text)
-        rows.append(row)
-    return rows
+def _cells(app: SpecscopeApp) -> tuple[list[str], str]:
+    """Every cell on screen: the text by line, and Textual's screenshot (characters and their styles)."""
+    return screen_lines(app), app.export_screenshot()
 
 
 @pytest.mark.anyio
@@ -178,8 +169,9 @@ async def test_partial_repaints_leave_the_screen_a_fresh_app_draws() -> None:
             w.scroll_to(x=x, y=y, animate=False, immediate=True)  # the walk's scroll positions (history, not state)
         await pilot.pause()
         drawn = _cells(fresh)
-    for y, (a, b) in enumerate(zip(walked, drawn, strict=True)):
-        assert a == b, (y, "".join(c for c, _ in a), "".join(c for c, _ in b))
+    for y, (a, b) in enumerate(zip(walked[0], drawn[0], strict=True)):
+        assert a == b, (y, a, b)
+    assert walked[1] == drawn[1]  # the styles too
 
 
 @pytest.mark.anyio
@@ -192,7 +184,7 @@ async def test_go_to_step_and_bad_input(clean_trace: str) -> None:
         await pilot.press(*str(n // 2), "enter")
         assert app.current == n // 2
         await pilot.press("g", "9", "9", "9", "9", "9", "enter")  # out of range: the prompt stays, says why
-        assert "no step 99999" in _screen_text(app)
+        assert "no step 99999" in screen_text(app)
         await pilot.press("escape")
         assert app.current == n // 2
         assert app.goto_text("+3") is None and app.current == n // 2 + 3
@@ -248,7 +240,7 @@ async def test_violation_jumps_highlight_the_named_cell(faulty_trace: str) -> No
         assert app.current == first
         v = app.focus_violation
         assert v is not None and v.step == first
-        cell = m.violation_cell(v, app.source.step(first))
+        cell = violation_cell(v, app.source.step(first), infer=True)
         assert app.highlight == cell
         grid = app.query_one(PageGrid)
         assert grid.highlight == cell
@@ -274,7 +266,7 @@ async def test_violation_jumps_highlight_the_named_cell(faulty_trace: str) -> No
         app.post_message(app.query_one("#violations").Jump(last))
         await pilot.pause()
         assert app.current == last.step
-        assert app.highlight == m.violation_cell(last, app.source.step(last.step))
+        assert app.highlight == violation_cell(last, app.source.step(last.step), infer=True)
 
 
 @pytest.mark.anyio
@@ -283,8 +275,8 @@ async def test_palette_lists_every_action_and_runs_them(clean_trace: str) -> Non
     async with app.run_test(size=(120, 40)) as pilot:
         await app.ready()
         titles = [c.title for c in app.get_system_commands(app.screen)]
-        for _, key, title, _ in ACTIONS:
-            assert any(t.startswith(title) and f"({key})" in t for t in titles), title
+        for k in keymap.actions(live=False):
+            assert any(t.startswith(k.title) and f"({k.shown})" in t for t in titles), k.title
         with TraceReader(clean_trace) as r:
             it0 = r.summary(0).iteration
             expect = next(s.index for s in r.iter_summaries(1) if s.iteration != it0)
@@ -306,7 +298,7 @@ async def test_80x24_shows_detail_requests_and_grid(clean_trace: str) -> None:
             i = r.find_steps("verify", after=20)[0]
         app.move_to(i)
         await pilot.pause()
-        text = _screen_text(app)
+        text = screen_text(app)
         assert f"step {i}" in text and "TARGET_VERIFY" in text
         assert "req" in text and "seq before" in text  # the request table's header
         assert "cache_sl" in text and "cu_q" in text  # the grid with the seqlens beside it
@@ -314,7 +306,7 @@ async def test_80x24_shows_detail_requests_and_grid(clean_trace: str) -> None:
         assert table.row_count == app.source.step(i).padded_batch_size
         # the side column swaps in with v
         await pilot.press("v")
-        assert "violations by invariant" in _screen_text(app)
+        assert "violations by invariant" in screen_text(app)
 
 
 @pytest.mark.anyio
@@ -326,10 +318,10 @@ async def test_mouse_click_picks_a_step_and_help_opens(clean_trace: str) -> None
         await pilot.click(StepList, offset=(5, 5))  # border 1, header 1: row 3
         assert app.current == int(steps.scroll_offset.y) + 3
         await pilot.press("question_mark")
-        assert "keys" in _screen_text(app)
+        assert "keys" in screen_text(app)
         await pilot.press("escape")
         await pilot.press("f1")
-        assert "Next violation" in _screen_text(app)
+        assert "Next violation" in screen_text(app)
         await pilot.press("escape")
 
 

@@ -9,8 +9,8 @@ import pytest
 from specscope.tracer.store import TraceReader
 from specscope.ui.cli import main
 from specscope.ui.tui.app import SpecscopeApp
-from specscope.ui.tui.widgets import StepList
-from tui_fixtures import _at_root, anyio_backend  # noqa: F401 - fixtures
+from specscope.ui.tui.step_list import StepList
+from tui_fixtures import _at_root, anyio_backend, screen_text  # noqa: F401 - fixtures
 from tui_samples import ROOT, sample
 
 START, STOP = 30, 50  # a middle range of the stale-page-table sample: violations in it, graph captures before it
@@ -24,9 +24,6 @@ def bundle(tmp_path: Path) -> str:
     assert main(["export", src, "--bundle", str(out), "--steps", f"{START}:{STOP}"]) == 0
     return str(out)
 
-
-def _screen_text(app: SpecscopeApp) -> str:
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
 @pytest.mark.anyio
@@ -43,14 +40,14 @@ async def test_go_to_and_step_keys_use_the_original_step_numbers(bundle: str) ->
         await pilot.press("g", "4", "0", "enter")
         assert app.current == 40
         assert app.query_one(StepList).cursor == held.index(40)  # its row in the list
-        assert "step 40/49" in _screen_text(app) and app.source.display == bundle  # the zip, not its copy
+        assert "step 40/49" in screen_text(app) and app.source.display == bundle  # the zip, not its copy
         await pilot.press("right_square_bracket")
         assert app.current == 41
         await pilot.press("left_square_bracket", "left_square_bracket")
         assert app.current == 39
         # A step the bundle left out: the prompt stays and says which steps there are.
         await pilot.press("g", "2", "0", "enter")
-        text = _screen_text(app)
+        text = screen_text(app)
         assert "no step 20" in text and f"{START}–{STOP - 1}" in text
         await pilot.press("escape")
         assert app.current == 39

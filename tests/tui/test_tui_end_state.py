@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from specscope.ui.tui.app import SpecscopeApp
 from stepgen import write_ended_trace
-from tui_fixtures import _at_root, anyio_backend, until  # noqa: F401 - fixtures
+from tui_fixtures import _at_root, anyio_backend, screen_text, until  # noqa: F401 - fixtures
 
 NUM_STEPS = 30
 
@@ -17,17 +17,14 @@ def _trace(path: Path, end: tuple[str, str] | None) -> str:
     return write_ended_trace(str(path), NUM_STEPS, end)
 
 
-def _screen_text(app: SpecscopeApp) -> str:
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
-
 
 async def _status(path: str) -> str:
     """The status bar's line (the screen's first) once the violations are loaded."""
     app = SpecscopeApp(path)
     async with app.run_test(size=(200, 40)) as pilot:
         await app.ready()
-        await until(pilot, lambda: "violation" in _screen_text(app).splitlines()[0], "the status bar")
-        return _screen_text(app).splitlines()[0]
+        await until(pilot, lambda: "violation" in screen_text(app).splitlines()[0], "the status bar")
+        return screen_text(app).splitlines()[0]
 
 
 @pytest.mark.anyio

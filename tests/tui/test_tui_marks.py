@@ -11,17 +11,23 @@ from specscope.tracer.store import TraceReader, TraceWriter, mark_checked
 from specscope.ui.tui.app import SpecscopeApp
 from specscope.ui.tui.live import Breakpoints, LiveController
 from specscope.ui.tui.marks import StepMarks, short_message
+from specscope.ui.tui.page_grid import PageGrid
+from specscope.ui.tui.requests_table import RequestsTable
+from specscope.ui.tui.step_detail import DetailPanel
 from specscope.ui.tui.step_violations import StepViolations
-from specscope.ui.tui.widgets import DetailPanel, PageGrid, RequestsTable, ViolationsPanel
-from tui_fixtures import _at_root, anyio_backend, until  # noqa: F401 - fixtures
+from specscope.ui.tui.violations_panel import ViolationsPanel
+from tui_fixtures import _at_root, anyio_backend, screen_lines, until  # noqa: F401 - fixtures
 from tui_samples import sample
 
 OVERRIDE = sample("cpu-fault-max-seq-len-q-override")  # PR #27495's bug: the verify runs with q 4 for T = 2
 STALE = sample("cpu-fault-stale-page-table")
 
 
-def _screen(app: SpecscopeApp) -> list[str]:
-    return [strip.text for strip in app.screen._compositor.render_strips()]
+
+def _status_words(app: SpecscopeApp) -> list[str]:
+    """The status line's phrases that say how far the verdicts reach."""
+    line = screen_lines(app)[0]
+    return [w for w in ("checked through", "unchecked") if w in line]
 
 
 def _first_violating_verify(path: str) -> int:
@@ -40,7 +46,7 @@ async def test_the_overridden_max_seq_len_q_is_marked_with_found_and_expected(si
     async with app.run_test(size=size) as pilot:
         await app.ready()
         await pilot.pause()
-        lines = _screen(app)
+        lines = screen_lines(app)
         marked = [ln for ln in lines if "✗ max_seq_len_q 4" in ln]
         assert marked, "\n".join(lines)
         assert "expected 2" in marked[0]
@@ -65,7 +71,7 @@ async def test_each_recorded_cell_is_marked_where_it_appears() -> None:
         await app.ready()
         await pilot.pause()
         grid = app.query_one(PageGrid)
-        text = "\n".join(_screen(app))
+        text = "\n".join(screen_lines(app))
         assert f"✗ page_table[{v.row}, {v.col}] = {v.found}, expected {v.expected}" in text
         y = v.row + 1 - int(grid.scroll_offset.y)
         cells = [seg for seg in grid.render_line(y) if seg.style is not None and seg.style.underline]
@@ -76,7 +82,7 @@ async def test_each_recorded_cell_is_marked_where_it_appears() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await app.ready()
         await pilot.pause()
-        text = "\n".join(_screen(app))
+        text = "\n".join(screen_lines(app))
         assert "✗ cu_seqlens_q[1] = 4, expected 2" in text  # I7's entry, beside the grid
         assert "4✗" in text
 
@@ -94,12 +100,12 @@ async def test_n_and_N_walk_the_violations_of_a_step_then_across_steps() -> None
             assert app.current == 0
             seen.append(app.focus_violation)
         assert len({(v.check_id, v.message) for v in seen}) == 3  # every one of the step's, once
-        assert "(3/3)" in _screen(app)[0]
+        assert "(3/3)" in screen_lines(app)[0]
         detail = app.query_one(DetailPanel).plain
         assert "✗" in detail
         await pilot.press("n")  # past the step's last: the next step with a violation, its first
         nxt = app.source.violations.next_step(0)
-        assert app.current == nxt and "(1/" in _screen(app)[0]
+        assert app.current == nxt and "(1/" in screen_lines(app)[0]
         await pilot.press("N")  # back: the previous step's last
         assert app.current == 0 and app.focus_violation == seen[-1]
         await pilot.press("N", "N")
@@ -112,20 +118,20 @@ async def test_the_status_line_speaks_of_the_current_step_only() -> None:
     async with app.run_test(size=(160, 40)) as pilot:
         await app.ready()
         await pilot.press("n", "n", "n")  # to step 1's first violation
-        assert app.current == 1 and "here: I3 I6 I7" in _screen(app)[0]
+        assert app.current == 1 and "here: I3 I6 I7" in screen_lines(app)[0]
         clean = next(i for i in range(2, 9) if not app.source.violations.at(i))
         assert app.goto_text(str(clean)) is None
         await pilot.pause()
-        status = _screen(app)[0]
+        status = screen_lines(app)[0]
         assert "here:" not in status and "I3" not in status and "step 1" not in status
         last = max(v.step for _, vs in app.source.violations.groups() for v in vs)
         app.move_to(last)
         for _ in range(len(app.source.violations.at(last))):
             await pilot.press("n")
-        assert "no later violation" in _screen(app)[0]
+        assert "no later violation" in screen_lines(app)[0]
         assert app.goto_text("0") is None
         await pilot.pause()
-        assert "no later violation" not in _screen(app)[0]
+        assert "no later violation" not in screen_lines(app)[0]
 
 
 def _steps_of(path: str, lo: int, hi: int) -> list:
@@ -149,13 +155,13 @@ async def test_following_a_trace_reads_how_far_its_verdicts_reach(tmp_path) -> N
     app = SpecscopeApp(path, auto_check=False)
     async with app.run_test(size=(160, 40)) as pilot:
         await app.ready()
-        await until(pilot, lambda: "checked through step 2" in _screen(app)[0], "the partial verdicts")
+        await until(pilot, lambda: "checked through step 2" in screen_lines(app)[0], "the partial verdicts")
         for st in _steps_of(src, 5, 30):
             w.write_step(st)
         w.flush()
         mark_checked(path, 29)
         await until(pilot, lambda: app.current == 29, "the new steps")
-        await until(pilot, lambda: "checked through" not in _screen(app)[0] and "unchecked" not in _screen(app)[0],
+        await until(pilot, lambda: not {"checked through", "unchecked"} & set(_status_words(app)),
                     "the verdicts of every step")
         w.close()
 
@@ -168,12 +174,12 @@ async def test_t_vs_k_is_marked_only_where_a_check_says_so() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await app.ready()
         await pilot.pause()
-        assert not any("≠" in ln[:34] for ln in _screen(app)[2:30])  # the step list: draft 1/4, prefill 122/4
+        assert not any("≠" in ln[:34] for ln in screen_lines(app)[2:30])  # the step list: draft 1/4, prefill 122/4
     app = SpecscopeApp(OVERRIDE, start=0)
     async with app.run_test(size=(120, 40)) as pilot:
         await app.ready()
         await pilot.pause()
-        rows = [ln[:34] for ln in _screen(app)[3:30]]
+        rows = [ln[:34] for ln in screen_lines(app)[3:30]]
         assert any("verify" in ln and "2≠4" in ln for ln in rows)
         assert not any("draft" in ln and "≠" in ln for ln in rows)
         assert "T 2 K 4 ✗ I3 I6" in app.query_one(DetailPanel).plain

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 
 import numpy as np
@@ -14,22 +13,22 @@ from tui_fixtures import _at_root  # noqa: F401 - fixtures
 from tui_samples import ROOT
 
 
-def test_fast_grid_equals_the_shared_view_model_on_every_sample() -> None:
-    checked = 0
-    for path in sorted(glob.glob(os.path.join(ROOT, "samples", "traces", "*.db"))):
-        with TraceReader(path) as r:
-            n = r.num_steps()
-            for i in sorted({0, 1, n // 3, n // 2, n - 1} | set(range(0, n, max(1, n // 25)))):
-                st = r.step(i)
-                fast, ref = m.classify(st), m.classify_shared(st)
-                assert (fast is None) == (ref is None)
-                if fast is None:
-                    continue
-                assert np.array_equal(fast.pages, ref.pages), (path, i)
-                assert np.array_equal(fast.cls, ref.cls), (path, i, np.argwhere(fast.cls != ref.cls)[:3])
-                assert fast.cache_seqlens == ref.cache_seqlens and fast.cu_seqlens_k == ref.cu_seqlens_k
-                checked += 1
-    assert checked > 50
+def test_the_grid_marks_the_stale_page_a_violation_names() -> None:
+    """The TUI draws the shared classifier's grid (`views.page_classes`): the page-table cell a stale-page
+    violation names is classed stale (or out of range), a padded row padded, a live row's tail not read."""
+    from specscope.ui import views
+
+    path = os.path.join(ROOT, "samples", "traces", "cpu-fault-stale-page-table.db")
+    with TraceReader(path) as r:
+        vs = [v for v in r.violations() if v.array == "page_table" and v.row is not None and v.col is not None]
+        assert vs
+        v = vs[0]
+        g = views.page_classes(r.step(v.step))
+        assert g is not None and m.Grid is views.PageClasses
+        assert g.cls[v.row, v.col] in (m.STALE, m.OUT_OF_RANGE)
+        assert (g.cls[g.live_rows:] == m.PADDED).all() or g.live_rows == g.rows
+        need = -(-g.cache_seqlens[0] // g.page_size)
+        assert (g.cls[0, need:] == m.NOT_READ).all()
 
 
 def test_zoom_and_fit() -> None:
@@ -50,12 +49,17 @@ def test_tokens_and_draft_chain() -> None:
 
 
 def test_violation_cell_prefers_the_recorded_cell_then_the_message() -> None:
+    from specscope.ui.views import Cell, catalogue_order, violation_cell
+
     rec = Violation("I10", Severity.ERROR, 4, "x", 7, array="page_table", row=1, col=3)
-    assert m.violation_cell(rec) == m.Cell("page_table", 1, 3)
+    assert violation_cell(rec, infer=True) == Cell("page_table", 1, 3) == ("page_table", 1, 3)
     old = Violation("I10", Severity.ERROR, 4, "step 4 request 7: page_table[2, 5] = 0 but ...", 7)
-    assert m.violation_cell(old) == m.Cell("page_table", 2, 5)
+    assert violation_cell(old, infer=True) == Cell("page_table", 2, 5)
+    assert violation_cell(old) is None  # the dashboard's default: recorded cells only
     none = Violation("I3", Severity.ERROR, 4, "2 query tokens but 4", None)
-    assert m.violation_cell(none) is None
+    assert violation_cell(none, infer=True) is None
+    warn = Violation("I2", Severity.WARNING, 4, "w", None)
+    assert [v.check_id for v in catalogue_order([warn, rec, none])] == ["I3", "I10", "I2"]
 
 
 def test_acceptance_by_position() -> None:
@@ -139,6 +143,7 @@ def test_idle_collector_postpones_full_passes_until_the_keys_pause() -> None:
 def test_neighbour_prefetch_decodes_and_classifies_ahead() -> None:
     import time
 
+    from specscope.ui import views
     from specscope.ui.tui.source import TraceSource
 
     path = os.path.join(ROOT, "samples", "traces", "cpu-fault-stale-page-table.db")
@@ -153,7 +158,7 @@ def test_neighbour_prefetch_decodes_and_classifies_ahead() -> None:
         with TraceReader(path) as r:
             for j in want[:2]:
                 assert j in src._grids  # done on the thread, before the UI asked
-                ref = m.classify(r.step(j))
+                ref = views.page_classes(r.step(j))
                 got = src.grid(j)
                 assert got is not None and ref is not None and np.array_equal(got.cls, ref.cls)
                 assert src.step(j).index == j and src.step(j).requests == r.step(j).requests

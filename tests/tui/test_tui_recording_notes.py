@@ -13,7 +13,7 @@ from specscope.tracer.store import TraceReader
 from specscope.ui.tui.app import SpecscopeApp
 from specscope.ui.tui.screens import HelpScreen
 from textual.widgets import Static
-from tui_fixtures import _at_root, anyio_backend, until  # noqa: F401 - fixtures
+from tui_fixtures import _at_root, anyio_backend, screen_text, until  # noqa: F401 - fixtures
 from tui_samples import sample
 
 # Recorded with `PYTHONPATH=.sglang/0.5.23 python -m specscope.integrations.sglang_drive -o ...` (tests/unit/
@@ -26,9 +26,6 @@ def _help_text(app: SpecscopeApp) -> str:
     assert isinstance(app.screen, HelpScreen)
     return " ".join(str(app.screen.query_one(Static).render()).split())
 
-
-def _screen(app: SpecscopeApp) -> str:
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
 def _first(graph: str, mode: str | None = None) -> int:
@@ -44,7 +41,7 @@ async def test_an_sglang_trace_says_what_it_could_not_record_at_80x24() -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await app.ready()
         await pilot.pause()
-        screen = _screen(app)
+        screen = screen_text(app)
         notice = screen.splitlines()[1]
         assert notice.strip() == "⚠ recording: absent: max_seq_len_k · replay metadata not recorded · ? details"
         # An eager step: the field SGLang 0.5.23 dropped is named absent, not shown as "-".
@@ -54,7 +51,7 @@ async def test_an_sglang_trace_says_what_it_could_not_record_at_80x24() -> None:
         # A replay: the graph computed its metadata; the panes say so and show no capture's values.
         app.move_to(replay)
         await pilot.pause()
-        screen = _screen(app)
+        screen = screen_text(app)
         assert app._detail.plain.splitlines()[2].startswith("not recorded (computed inside the graph): max_seq_len_q")
         lines = [ln for ln in screen.splitlines() if "not recorded (computed inside the graph)" in ln]
         assert len(lines) == 2, screen  # the step pane and the page-table pane
@@ -63,7 +60,7 @@ async def test_an_sglang_trace_says_what_it_could_not_record_at_80x24() -> None:
         # A verify replay keeps its acceptance scalar, and is still a replay without metadata.
         app.move_to(verify)
         await pilot.pause()
-        assert _screen(app).count("not recorded (computed inside the graph)") == 2
+        assert screen_text(app).count("not recorded (computed inside the graph)") == 2
         # Help has the whole text, with the release note the short form leaves out.
         await pilot.press("question_mark")
         await pilot.pause()
@@ -106,7 +103,7 @@ async def test_recording_problems_lead_the_notice_and_a_clean_trace_has_none(tmp
     async with app.run_test(size=(80, 24)) as pilot:
         await app.ready()
         await pilot.pause()
-        notice = _screen(app).splitlines()[1].strip()
+        notice = screen_text(app).splitlines()[1].strip()
         assert notice.startswith("⚠ recording: 2 recording problems · ") and notice.endswith("? details"), notice
         assert len(notice) <= 78
         await pilot.press("f1")
@@ -116,4 +113,4 @@ async def test_recording_problems_lead_the_notice_and_a_clean_trace_has_none(tmp
     async with clean.run_test(size=(80, 24)) as pilot:
         await clean.ready()
         await pilot.pause()
-        assert "recording:" not in _screen(clean) and not clean._notice.display
+        assert "recording:" not in screen_text(clean) and not clean._notice.display

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import html
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,3 +36,26 @@ async def until(pilot: Any, pred: Callable[[], object], what: str, timeout: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await pilot.pause(0.02)
+
+
+_SVG_TEXT = re.compile(r'<text class="[^"]*" x="([0-9.]+)" y="[0-9.]+" textLength="[0-9.]+" '
+                       r'clip-path="url\(#[^)]*-line-(\d+)\)">([^<]*)</text>')
+_CHAR_W = 20 * 0.61  # Rich's SVG export: 20 px lines, 0.61 width to height
+
+
+def screen_lines(app: Any) -> list[str]:
+    """What the screen shows, line by line, as plain text: read from Textual's public screenshot export (an SVG
+    whose text runs sit at their cell's x), not from the compositor."""
+    width, height = app.size
+    rows = [[" "] * width for _ in range(height)]
+    for x, line, text in _SVG_TEXT.findall(app.export_screenshot()):
+        col, y = round(float(x) / _CHAR_W), int(line)
+        for k, ch in enumerate(html.unescape(text).replace("\xa0", " ")):
+            if y < height and col + k < width:
+                rows[y][col + k] = ch
+    return ["".join(r).rstrip() for r in rows]
+
+
+def screen_text(app: Any) -> str:
+    """`screen_lines` joined: everything on screen as plain text (what a user reads)."""
+    return "\n".join(screen_lines(app))

@@ -50,6 +50,8 @@ def test_the_wheel_holds_every_package_of_the_tree(tmp_path: Path) -> None:
         assert f"{pkg}/py.typed" in names, f"{pkg} ships without its py.typed marker"
     assert any(n.startswith("specscope/ui/web/static/") and n.endswith(".min.js") for n in names), \
         "the dashboard's partial plotly.js bundle is missing from the wheel"
+    sheets = {f"specscope/ui/{p.relative_to(ROOT / 'ui').as_posix()}" for p in (ROOT / "ui").rglob("*.tcss")}
+    assert sheets and sheets <= set(names), f"TUI stylesheets missing from the wheel: {sorted(sheets - set(names))}"
     dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
     leaked = sorted({n.split("/")[0] for n in names} - {"specscope", dist_info})
     assert not leaked, f"the wheel installs top-level names other than specscope: {leaked}"

@@ -4,13 +4,17 @@ A full (oldest-generation) pass walks every live object: the summary blocks, dec
 20-30 ms on the 2-core benchmark VM, about once every 25 steps; it was the whole p99 of a step. The youngest
 generations run less often (a step builds and drops thousands of objects: with CPython's 700-object trigger they
 ran ~8 times per step); the full pass is postponed until the keys pause.
+
+The settings are the process's, so the process's entry point applies them (`tuned_gc`, around `app.run()`) and
+hands the collector to the app, which only says when the view moved and ticks it.
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 YOUNG_EVERY = 10_000  # net new container objects between young passes (CPython's default 700: ~8 passes per step)
 FULL_PASS_EVERY = 1000  # middle-generation passes between automatic full passes (CPython's default is 10)
@@ -46,8 +50,8 @@ class IdleCollector:
         it ran."""
         now = self.clock()
         # Never resting, the pass is forced only once a middle-generation pass has moved objects into the oldest
-        # generation since the last one (gc.get_count()[2]): with no cycle per drawn line (strip_cycles.py) those
-        # are rare while stepping, so a long walk over the steps is not interrupted for nothing.
+        # generation since the last one (gc.get_count()[2]), so a long walk over the steps is not interrupted for
+        # nothing.
         if self.due and (now - self.last >= self.idle_s or
                          (now - self.collected >= self.max_wait_s and gc.get_count()[2] > 0)):
             self.due = False
@@ -62,3 +66,15 @@ class IdleCollector:
             gc.set_threshold(*self._saved)
             self._saved = None
         gc.unfreeze()
+
+
+@contextmanager
+def tuned_gc() -> Iterator[IdleCollector]:
+    """For a process's entry point: the collector tuned for the viewer while the block runs (pass it to the app as
+    `SpecscopeApp(..., collector=c)`), the process's own settings back after."""
+    c = IdleCollector()
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()

@@ -107,7 +107,7 @@ class LinePane(Widget):
         super().__init__(**kw)
         self._lines = text if isinstance(text, Lines) else Lines(text)
         self._strips: dict[int, Strip] = {}
-        self._strips_key: tuple = ()
+        self._strips_key: tuple[object, ...] = ()
         self._base: Style | None = None
 
     @property
@@ -165,3 +165,9 @@ class LinePane(Widget):
 def text_width(text: str) -> int:
     """Cells a string takes (ASCII fast path)."""
     return len(text) if text.isascii() else cell_len(text)
+
+
+class TextPane(LinePane):
+    """A pane of styled lines with a fixed size: updating it repaints the changed lines only, without a layout
+    pass (which costs a whole-screen relayout per step with auto-sized panes)."""
+

@@ -184,6 +184,9 @@ class LiveController:
 
     # -- start ------------------------------------------------------------------------------------
 
+    def _alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def launch(self, timeout: float = 120.0) -> None:
         """Start the child, hand it the breakpoints, and wait until its trace can be opened."""
         cmd = [self.python, "-m", "specscope.ui.cli", "run", *self.run_argv, "-o", self.trace, "--quiet",
@@ -192,9 +195,8 @@ class LiveController:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         log.close()
-        alive = lambda: self.proc is not None and self.proc.poll() is None  # noqa: E731
         try:
-            self.channel.accept(timeout, alive)
+            self.channel.accept(timeout, self._alive)
         except LiveError:
             raise LiveError(self._child_error() or "the run did not start") from None
         hello = self.channel.recv(timeout)
@@ -210,7 +212,7 @@ class LiveController:
                 self._reader = TraceReader(self.trace)
                 break
             except TraceError:
-                if not alive():
+                if not self._alive():
                     raise LiveError(self._child_error() or "the run ended before writing its trace") from None
                 if time.monotonic() >= deadline:
                     raise LiveError("the run's trace did not appear") from None

@@ -13,9 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from specscope.tracer.schema import GraphPhase, Step, Violation
-from specscope.ui.views import CellMark, violation_marks
-
-from . import model as m
+from specscope.ui.views import CellMark, violation_cell, violation_marks
 
 # The request table's columns by the request field a violation names (Violation.array).
 REQUEST_FIELDS = {"slot": 2, "seq_len_before": 3, "seq_len_after": 3, "num_q_tokens": 4, "accept_length": 5,
@@ -57,13 +55,13 @@ def mark_text(mk: CellMark) -> str:
 def step_marks(violations: Sequence[Violation], step: Step | None) -> list[CellMark]:
     """The marks of one step's violations (`views.violation_marks`), in their order, plus: the source scalar of a
     derived one (`DERIVED_FROM`), and for a violation that names no cell, the cell its message spells out or its
-    request's row (`model.violation_cell`), with no values."""
+    request's row (`views.violation_cell`), with no values."""
     here = None if step is None else step.index
     out: list[CellMark] = []
     for v in violations:
         got = violation_marks([v], step=here)
         if not got and step is not None:
-            c = m.violation_cell(v, step)
+            c = violation_cell(v, step, infer=True)
             if c is not None:
                 got = [CellMark(v.check_id, v.severity.value, c.array, c.row, c.col, None, None, False, v.message)]
         out.extend(got)
@@ -145,12 +143,3 @@ def tk_flagged(violations: Iterable[Violation]) -> list[str]:
 def symbol(mk: CellMark) -> str:
     """The mark's symbol, readable without colour: `✗` a value a check found wrong, `◇` the other side of it."""
     return "◇" if mk.is_related else "✗"
-
-
-def catalogue_order(violations: Iterable[Violation]) -> list[Violation]:
-    """A step's violations as `check` lists them: errors before warnings, then by check id (I3 before I10)."""
-    def key(v: Violation) -> tuple[bool, str, int]:
-        digits = "".join(ch for ch in v.check_id if ch.isdigit())
-        return (v.severity.value != "error", v.check_id.rstrip("0123456789"), int(digits) if digits else 0)
-
-    return sorted(violations, key=key)

@@ -1,18 +1,17 @@
 """View models the TUI draws from: page-table cell classes, token text, draft chains, acceptance. Torch-free.
 
-Pure functions over schema records, so the tests exercise them without a terminal. Where the shared
-`specscope.ui.views` offers the same thing, the TUI should move to it; these stay minimal.
+Pure functions over schema records, so the tests exercise them without a terminal. The classification, time
+format, violation cells and check order are the shared `specscope.ui.views`' (nothing here repeats them).
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from specscope.tracer.schema import ForwardMode, Step, StepSummary, Violation
+from specscope.tracer.schema import ForwardMode, StepSummary, Violation
 from specscope.ui import views
 
 # Cell classes of the page-table grid are the shared view model's kinds, in its display precedence (the first
@@ -35,144 +34,8 @@ STYLES = tuple(_STYLE_BY_KIND[k] for k in KINDS)
 ZOOMS = (0, 1, 4, 16, 64, 256, 1024)  # 0: physical page numbers; N: N logical pages per character
 
 
-@dataclass(frozen=True)
-class Grid:
-    """The page table of one step, classified: `pages[r, j]` physical page, `cls[r, j]` class per cell."""
-
-    pages: np.ndarray  # int64 [rows, cols]
-    cls: np.ndarray  # int8 [rows, cols], index into KINDS
-    live_rows: int
-    request_ids: tuple[int | None, ...]  # per row; None for padded rows
-    cache_seqlens: list[int]
-    cu_seqlens_q: list[int]
-    cu_seqlens_k: list[int]
-    page_size: int
-    full_cols: int
-
-    @property
-    def rows(self) -> int:
-        """Rows of the grid (live and padded)."""
-        return int(self.pages.shape[0])
-
-    @property
-    def cols(self) -> int:
-        """Logical pages recorded per row."""
-        return int(self.pages.shape[1])
-
-
-def classify(step: Step) -> Grid | None:
-    """The shared classification of `views.page_grid`, computed with numpy over the whole table at once (the
-    shared one builds a Python object per cell: ~100 ms for a bs-64 step; this is ~1 ms). The tests check the
-    two agree cell by cell on every sample trace."""
-    pt_snap = step.array("page_table")
-    if pt_snap is None or pt_snap.values.ndim != 2:
-        return None
-    pages = pt_snap.values.astype(np.int64)
-    rows, cols = pages.shape
-    p = max(1, step.page_size)
-    live = min(step.batch_size, rows)
-    cs_a = step.array("cache_seqlens")
-    cs = np.zeros(rows, np.int64)
-    if cs_a is not None:
-        v = cs_a.values.astype(np.int64).reshape(-1)[:rows]
-        cs[: len(v)] = v
-    need = -(-cs // p)
-    colidx = np.arange(cols)[None, :]
-    read = colidx < need[:, None]
-    is_live = (np.arange(rows) < live)[:, None]
-    owners = [r.request_id for r in step.requests]
-    owner_of_row = np.array([owners[b] if b < len(owners) else -b - 1 for b in range(live)], np.int64)
-    # Shared: a non-zero page that a live row reads and another live row (another owner) reads too.
-    live_read = read & is_live
-    shared = np.zeros((rows, cols), bool)
-    if live and cols:
-        lr_pages = pages[:live][live_read[:live]]
-        lr_owner = np.broadcast_to(owner_of_row[:, None], (live, cols))[live_read[:live]]
-        if lr_pages.size:
-            # Distinct (page, owner) pairs as one int64 key each (a 2-D unique sorts rows as void records: slow).
-            pairs = np.unique((lr_pages << 32) | (lr_owner & 0xFFFFFFFF))
-            uniq, cnt = np.unique(pairs >> 32, return_counts=True)
-            multi = uniq[(cnt > 1) & (uniq != 0)]
-            if multi.size:
-                shared[:live] = np.isin(pages[:live], multi) & live_read[:live]
-    # Fresh: the physical pages this step's query tokens write, per row (views._fresh_pages' bounds).
-    fresh = _fresh(step, pages, live, p)
-    stale = np.zeros((rows, cols), bool)
-    st_a = step.array("req_to_token_page_starts")
-    if st_a is not None and st_a.values.ndim == 2:
-        r, c = min(rows, st_a.values.shape[0]), min(cols, st_a.values.shape[1])
-        stale[:r, :c] = (st_a.values[:r, :c].astype(np.int64) // p) != pages[:r, :c]
-    npages = step.scalars.get("num_kv_pages")
-    oor = np.zeros((rows, cols), bool) if npages is None else (pages >= npages) | (pages < 0)
-    cls = np.full((rows, cols), OK, np.int8)
-    cls[fresh] = FRESH
-    cls[shared] = SHARED
-    cls[stale] = STALE
-    cls[~read] = NOT_READ
-    cls[~is_live[:, 0]] = PADDED
-    # Stale, shared and fresh only apply to cells a live row reads.
-    cls[is_live[:, 0][:, None] & ~read] = NOT_READ
-    cls[oor] = OUT_OF_RANGE
-    rids = tuple(owners[b] if b < live and b < len(owners) else None for b in range(rows))
-    cu_q, cu_k = step.array("cu_seqlens_q"), step.array("cu_seqlens_k")
-    return Grid(pages, cls, live, rids, [int(x) for x in cs], [] if cu_q is None else [int(x) for x in cu_q.values],
-                [] if cu_k is None else [int(x) for x in cu_k.values], p,
-                int(pt_snap.shape[1]) if len(pt_snap.shape) == 2 else cols)
-
-
-def _fresh(step: Step, pages: np.ndarray, live: int, p: int) -> np.ndarray:
-    """Cells whose physical page receives KV this step (out_cache_loc), per row: `views._fresh_pages`' rule,
-    vectorized (one membership test over (row, page) keys)."""
-    rows, cols = pages.shape
-    out = np.zeros((rows, cols), bool)
-    loc = step.array("out_cache_loc")
-    if loc is None or live == 0:
-        return out
-    slots = loc.values.astype(np.int64).reshape(-1)
-    if step.mode in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE, ForwardMode.TARGET_VERIFY):
-        q = step.scalars.get("kernel_q_len", step.tokens_per_request) if step.mode == ForwardMode.TARGET_VERIFY else 1
-        bounds = np.arange(live + 1, dtype=np.int64) * q
-    else:
-        cuq = step.array("cu_seqlens_q")
-        if cuq is not None and len(cuq.values.reshape(-1)) > live:
-            bounds = cuq.values.astype(np.int64).reshape(-1)[: live + 1]
-        else:
-            lens = [r.num_q_tokens for r in step.requests[:live]]
-            bounds = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    nrow = len(bounds) - 1
-    if nrow <= 0:
-        return out
-    lo, hi = np.clip(bounds[:-1], 0, None), np.clip(bounds[1:], 0, None)
-    tok = np.arange(len(slots))
-    row_of = np.searchsorted(hi, tok, side="right")  # the first row whose end is past the token
-    ok = (row_of < nrow)
-    ok[ok] &= tok[ok] >= lo[row_of[ok]]
-    if not ok.any():
-        return out
-    big = np.int64(1) << 40
-    keys = np.unique(row_of[ok] * big + slots[ok] // p)
-    r = min(rows, nrow)
-    cell = np.arange(r, dtype=np.int64)[:, None] * big + pages[:r]
-    out[:r] = np.isin(cell, keys)
-    return out
-
-
-def classify_shared(step: Step) -> Grid | None:
-    """The same grid from the shared per-cell view model (the reference the fast one is tested against)."""
-    pg = views.page_grid(step)
-    if pg is None:
-        return None
-    rows, cols = len(pg.cells), pg.num_cols
-    pages = np.zeros((rows, cols), np.int64)
-    cls = np.zeros((rows, cols), np.int8)
-    index = {k: i for i, k in enumerate(KINDS)}
-    for b, row in enumerate(pg.cells):
-        pages[b, : len(row)] = [c.page for c in row]
-        cls[b, : len(row)] = [index[c.kind] for c in row]
-    rids = tuple(r.request_id if b < pg.batch_size else None for b, r in enumerate(step.requests)) + (None,) * max(
-        0, rows - len(step.requests))
-    return Grid(pages, cls, pg.batch_size, rids[:rows], pg.cache_seqlens, pg.cu_seqlens_q, pg.cu_seqlens_k,
-                pg.page_size, pg.full_cols)
+# The page table of one step, classified by the shared classifier (`views.page_classes`).
+Grid = views.PageClasses
 
 
 def zoom_cells(grid: Grid, zoom: int) -> tuple[np.ndarray, np.ndarray]:
@@ -315,33 +178,6 @@ def bar(frac: float, width: int) -> str:
 
 
 # -- violations ---------------------------------------------------------------------------------------------
-
-_CELL = re.compile(r"\b(page_table|cache_seqlens|cu_seqlens_q|cu_seqlens_k|seq_lens|out_cache_loc|positions|"
-                   r"req_pool_indices|req_to_token_page_starts)\[(\d+)(?:,\s*(\d+))?\]")
-
-
-@dataclass(frozen=True)
-class Cell:
-    """Where a violation points: an array (or "request"), its row and column (None when the whole row)."""
-
-    array: str
-    row: int | None
-    col: int | None
-
-
-def violation_cell(v: Violation, step: Step | None = None) -> Cell | None:
-    """The cell a violation names: its recorded cell, else one its message spells out, else its request's row."""
-    if v.array is not None:
-        return Cell(v.array, v.row, v.col)
-    m = _CELL.search(v.message)
-    if m:
-        return Cell(m.group(1), int(m.group(2)), None if m.group(3) is None else int(m.group(3)))
-    if v.request_id is not None and step is not None:
-        for b, r in enumerate(step.requests):
-            if r.request_id == v.request_id:
-                return Cell("request", b, None)
-    return None
-
 
 def violation_key(v: Violation) -> tuple[str, int, int | None, str]:
     """Identity of a violation across sources (the trace's table and the TUI's own checker)."""

@@ -16,13 +16,6 @@ class PromptScreen(ModalScreen[str | None]):
     """Ask for one line; `validate` returns an error sentence (kept open) or None (accepted)."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
-    DEFAULT_CSS = """
-    PromptScreen { align: center middle; }
-    PromptScreen > Vertical { width: 70%; max-width: 90; height: auto; border: round $accent; padding: 0 1;
-                              background: $panel; }
-    PromptScreen #hint { color: $text-muted; }
-    PromptScreen #error { color: $error; }
-    """
 
     def __init__(self, title: str, hint: str, value: str = "",
                  validate: Callable[[str], str | None] | None = None) -> None:
@@ -56,11 +49,6 @@ class HelpScreen(ModalScreen[None]):
     """Every key, grouped; `?`, F1 or Escape closes it."""
 
     BINDINGS = [Binding("escape,question_mark,f1,q", "close", "close")]
-    DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 90%; max-width: 100; height: 90%; border: round $accent;
-                                  background: $panel; padding: 0 1; }
-    """
 
     def __init__(self, sections: list[tuple[str, list[tuple[str, str]]]], notes: list[str] | None = None) -> None:
         super().__init__()

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Final
 from specscope.tracer.query import StepFilter, StepIndex
 from specscope.tracer.schema import EndState, Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
+from specscope.ui import views
 from specscope.ui.recording_notes import recording_notes
 from specscope.ui.views import is_byte_level
 
-from .model import Grid, classify, violation_key
+from .model import Grid, violation_key
 
 if TYPE_CHECKING:
-    from specscope.tracer.checks import Checker
+    pass
 
 BLOCK = 64  # small: a far jump fetches one screen of summaries on the UI thread; neighbours are prefetched
 _BLOCKS_KEPT = 256
@@ -94,13 +95,10 @@ class ViolationIndex:
     def groups(self) -> list[tuple[str, list[Violation]]]:
         """(check id, violations in step order) per invariant, by check id."""
         with self._lock:
-            return [(c, sorted(vs, key=lambda v: v.step)) for c, vs in sorted(self.by_check.items(),
-                                                                                   key=lambda kv: _id_key(kv[0]))]
+            return [(c, sorted(vs, key=lambda v: v.step))
+                    for c, vs in sorted(self.by_check.items(), key=lambda kv: views.check_key(kv[0]))]
 
 
-def _id_key(check_id: str) -> tuple[str, int]:
-    digits = "".join(ch for ch in check_id if ch.isdigit())
-    return (check_id.rstrip("0123456789"), int(digits) if digits else 0)
 
 
 class TraceSource:
@@ -312,11 +310,11 @@ class TraceSource:
         return st
 
     def grid(self, i: int) -> Grid | None:
-        """Step `i`'s page table, classified (`model.classify`), cached beside the decoded step."""
+        """Step `i`'s page table, classified (`views.page_classes`), cached beside the decoded step."""
         with self._lock:
             g = self._grids.get(i, _MISSING)
         if g is _MISSING:
-            g = classify(self.step(i))
+            g = views.page_classes(self.step(i))
             with self._lock:
                 if i in self._steps:
                     self._grids[i] = g
@@ -361,7 +359,7 @@ class TraceSource:
                     if j in self._grids:
                         continue
                 st = r.step(j)
-                self._store_step(j, st, classify(st))
+                self._store_step(j, st, views.page_classes(st))
 
     def capture_of(self, i: int) -> int | None:
         """The capture step a replay step came from (a query per replay step: cached)."""
@@ -427,85 +425,3 @@ class TraceSource:
         """Close the reader (and end the neighbour thread)."""
         self.stop_neighbours()
         self.reader.close()
-
-
-class BackgroundLoader:
-    """Loads the violation index (and checks an unchecked trace) on a thread with its own reader."""
-
-    def __init__(self, source: TraceSource, auto_check: bool = True, max_steps: int = AUTO_CHECK_MAX_STEPS,
-                 follow: bool = False) -> None:
-        self.source = source
-        self.follow = follow
-        self.auto_check = auto_check
-        self.max_steps = max_steps
-        self.done = threading.Event()  # finished (a following loader finishes when its trace is closed)
-        self.initial = threading.Event()  # the violations present at start are loaded (and checked)
-        self.stop = threading.Event()
-        self.error: str | None = None
-        self._checker: Checker | None = None
-        self._fed = -1
-        self._thread = threading.Thread(target=self._main, name="specscope-tui-loader", daemon=True)
-
-    def start(self) -> None:
-        """Begin loading."""
-        self._thread.start()
-
-    def _main(self) -> None:
-        src = self.source
-        try:
-            with TraceReader(src._db) as r:
-                src.checked_through = r.checked_through()
-                src.violations.add(r.violations())
-                src.loading_violations = False
-                src.run_hist = r.accept_histogram()  # a pass over every verify row: off the UI thread
-                # Bounds are step indexes (a bundle's start late and skip): the last one, not the count, ends a walk.
-                n, last = r.num_steps(), _last(r)
-                if self.auto_check and n <= self.max_steps and not (
-                        src.checked_through is not None and src.checked_through >= last):
-                    self.check(r, last + 1)
-                self.initial.set()
-                while self.follow and not self.stop.is_set():
-                    # A trace another process writes: check each new step as it is committed.
-                    closed = r.is_closed()
-                    r.wait_for_steps(self._fed, 0.3)
-                    last = _last(r)
-                    # The writer (or a `check --write`) may have judged more steps since: the status line says
-                    # how far the verdicts reach, so it must not keep the count it read at start.
-                    src.checked_through = r.checked_through()
-                    if self.auto_check and src.checked_through is None:
-                        self.check(r, last + 1)
-                    else:
-                        src.violations.add(r.violations())
-                    if closed and self._fed >= last:
-                        break
-        except Exception as e:  # noqa: BLE001 - shown in the status line; the viewer keeps working
-            self.error = f"{type(e).__name__}: {e}"
-        finally:
-            src.loading_violations = False
-            self.initial.set()
-            self.done.set()
-
-    def check(self, r: TraceReader, stop: int) -> list[Violation]:
-        """Feed the steps with index < `stop` to the streaming checker; returns the violations it added."""
-        from specscope.tracer.checks import Checker
-
-        if self._checker is None:
-            # As `specscope check` does: the run's settings, and schema 1 recorded no wait edges.
-            self._checker = Checker.for_trace(r)
-        src = self.source
-        new: list[Violation] = []
-        for st in r.steps(self._fed + 1, stop):
-            if self.stop.is_set():
-                break
-            found = self._checker.feed(st)
-            ct = src.checked_through
-            new += src.violations.add(v for v in found if ct is None or v.step > ct)
-            self._fed = st.index
-            src.tui_checked_through = st.index
-        return new
-
-
-def _last(r: TraceReader) -> int:
-    """The highest step index committed (-1 without steps)."""
-    last = r.last_index()
-    return -1 if last is None else last

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from rich.style import Style
 from specscope.tracer.schema import SpanRow, StepSummary
+from specscope.ui.views import fmt_ns
 
 from .lines import LinePane, Lines, WidgetArgs
 from .source import TraceSource
@@ -30,15 +31,6 @@ _S_HIDDEN, _S_EXPOSED = Style(color="green"), Style(color="#ff5f5f", bold=True)
 _S_AXIS, _S_CUT = Style(color="grey50"), Style(color="#ffaf00", bold=True)
 
 
-def fmt_ns(ns: int) -> str:
-    """A duration in the unit that keeps three digits."""
-    if ns < 10_000:
-        return f"{ns / 1000:.1f}µs"
-    if ns < 10_000_000:
-        return f"{ns / 1e6:.2f}ms" if ns < 1_000_000 else f"{ns / 1e6:.1f}ms"
-    if ns < 10_000_000_000:
-        return f"{ns / 1e6:.0f}ms"
-    return f"{ns / 1e9:.0f}s"
 
 
 def union(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -289,17 +281,17 @@ class Timeline(LinePane):
         if ov.gaps:
             longest = max(ov.gaps, key=lambda g: g.end_ns - g.start_ns)
             total = sum(g.end_ns - g.start_ns for g in ov.gaps)
-            span = fmt_ns(longest.end_ns - longest.start_ns)
-            t.append(f"compute gaps {len(ov.gaps)}: {fmt_ns(total)}, max {span} {longest.before}→{longest.after}",
-                     "grey62")
+            span = fmt_ns(longest.end_ns - longest.start_ns, compact=True)
+            t.append(f"compute gaps {len(ov.gaps)}: {fmt_ns(total, compact=True)}, max {span} "
+                     f"{longest.before}→{longest.after}", "grey62")
         else:
             t.append("compute gaps: none", "grey62")
         t.append("\n")
         notes = []
         if ov.plan_to_forward_ns is not None:
-            notes.append(f"plan end→launch {fmt_ns(ov.plan_to_forward_ns)}")
+            notes.append(f"plan end→launch {fmt_ns(ov.plan_to_forward_ns, compact=True)}")
         if axis.cuts:
-            notes.append(f"≈ cut to {CUT_X_MEDIAN}× median (max {fmt_ns(axis.longest_cut)})")
+            notes.append(f"≈ cut to {CUT_X_MEDIAN}× median (max {fmt_ns(axis.longest_cut, compact=True)})")
         t.append(" · ".join(notes), _S_CUT if axis.cuts else "grey62")
         return t
 
@@ -324,7 +316,7 @@ class Timeline(LinePane):
         styles = [_S_AXIS] * lane_w
         step = 12
         for c in range(0, lane_w, step):
-            lab = "┊" + ("0" if c == 0 else fmt_ns(axis.time_at(c) - t0))
+            lab = "┊" + ("0" if c == 0 else fmt_ns(axis.time_at(c) - t0, compact=True))
             if c + len(lab) > lane_w:
                 break
             for k, ch in enumerate(lab):
