@@ -164,6 +164,7 @@ def _breakdown(browser: object, url: str) -> dict:
 def bench(args: argparse.Namespace) -> dict:
     """Run the benchmark; returns the results dict."""
     from playwright.sync_api import sync_playwright
+    from specscope.ui.web import dashboard
     from specscope.ui.web.app import create_app
     from specscope.ui.web.server import serve_in_thread
 
@@ -181,7 +182,7 @@ def bench(args: argparse.Namespace) -> dict:
         t = time.perf_counter()
         app = create_app(path)
         startup_s = time.perf_counter() - t
-        src = app.dashboard.sources["a"]  # type: ignore[attr-defined]
+        src = dashboard.of(app).sources["a"]  # type: ignore[arg-type]
         n = src.num_steps()
         srv, url = serve_in_thread(app)
         try:
@@ -199,11 +200,12 @@ def bench(args: argparse.Namespace) -> dict:
 
 def _measure(args: argparse.Namespace, browser: object, app: object, src: object, srv: object, url: str, n: int,
              t_start: float, startup_s: float, load0: float, write_s: float | None) -> dict:
+    from specscope.ui.web import dashboard
     from specscope.ui.web.app import create_app
     from specscope.ui.web.server import serve_in_thread
 
     timeline, step_load, step_next, step_next_rt, payload = [], [], [], [], {}
-    bundle = app.plotly_bundle  # type: ignore[attr-defined]
+    bundle = dashboard.of(app).plotly
     payload["plotly_js"] = {"url": bundle.url, "partial": bundle.partial, "bytes": os.path.getsize(bundle.path)}
     graphs = ["tl-overview", "tl-gantt", "tl-overlap"]
     # The very first timeline, opened while the server is still loading summaries.
@@ -268,7 +270,7 @@ def _measure(args: argparse.Namespace, browser: object, app: object, src: object
             ctx.close()  # type: ignore[attr-defined]
         ssrv.shutdown()
         payload["baseline_trace"] = os.path.relpath(args.baseline)
-        payload["baseline_steps"] = small.dashboard.sources["a"].num_steps()  # type: ignore[attr-defined]
+        payload["baseline_steps"] = dashboard.of(small).sources["a"].num_steps()  # type: ignore[attr-defined]
         payload["baseline_timeline_median_s"] = round(statistics.median(base[1:]), 3)
     if args.ab:
         payload["ab"] = _ab(args, browser, src.path)  # type: ignore[attr-defined]
@@ -371,6 +373,7 @@ def _bundle(variant: str) -> object:
 def _ab(args: argparse.Namespace, browser: object, path: str) -> dict:
     """Same-run A/B of plotly.js variants: one server per variant on the same trace, fresh-context timeline loads
     alternating between them (the order rotated each round), so a busy machine weighs on every variant alike."""
+    from specscope.ui.web import dashboard
     from specscope.ui.web.app import create_app
     from specscope.ui.web.server import serve_in_thread
 
@@ -378,7 +381,7 @@ def _ab(args: argparse.Namespace, browser: object, path: str) -> dict:
     servers = []
     for v in variants:
         app = create_app(path, plotly=_bundle(v))
-        app.dashboard.sources["a"].wait_loaded()  # type: ignore[attr-defined]
+        dashboard.of(app).sources["a"].wait_loaded()  # type: ignore[attr-defined]
         servers.append(serve_in_thread(app))
     loads: dict[str, list[dict]] = {v: [] for v in variants}
     load0 = os.getloadavg()[0]

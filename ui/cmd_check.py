@@ -6,28 +6,27 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .args import integer
+
+if TYPE_CHECKING:
+    from specscope.tracer.schema import Violation
 
 SEVERITY_RANK = {"error": 0, "warning": 1}  # errors first where two invariants first fire at the same step
 
 
-def natural_id(check_id: str) -> tuple[str, int, str]:
-    """Sort key of an invariant id: "I5" before "I16"."""
-    head = check_id.rstrip("0123456789")
-    tail = check_id[len(head):]
-    return head, int(tail) if tail else -1, check_id
+def violation_order(v: Any) -> tuple[int, int, tuple[str, int]]:
+    """Step, then severity (errors first), then invariant id in catalogue order (`views.check_key`): the first wrong
+    step explains a bug best, and the violations after it are often its consequences (docs/checks.md, "Order of the
+    report")."""
+    from .views import check_key
 
-
-def violation_order(v: Any) -> tuple[int, int, tuple[str, int, str]]:
-    """Step, then severity (errors first), then invariant id: the first wrong step explains a bug best, and the
-    violations after it are often its consequences (docs/checks.md, "Order of the report")."""
-    return v.step, SEVERITY_RANK.get(v.severity.value, 2), natural_id(v.check_id)
+    return v.step, SEVERITY_RANK.get(v.severity.value, 2), check_key(v.check_id)
 
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `check`."""
     p = subparsers.add_parser("check", help="check a trace against the invariant catalogue",
                               description="Check every step of a trace against the invariants whose violations "
@@ -129,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         unchecked = [{"check": cid, "reason": why, "steps": n} for cid, why, n in not_recorded]
         return _emit(json.dumps({"violations": rows, "not_recorded": unchecked}, indent=1) + "\n", code)
     out = []
-    groups: dict[str, list] = {}
+    groups: dict[str, list[Violation]] = {}
     for v in found:
         groups.setdefault(v.check_id, []).append(v)
     if not found:

@@ -10,7 +10,7 @@ import time
 from .cmd_run import DefaultsHelpFormatter, add_json_argument, add_run_arguments
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `demo`."""
     p = subparsers.add_parser("demo", help="run the embedded tiny models and record a trace (no arguments needed)",
                               description="Run the embedded byte-level target and draft models through the "

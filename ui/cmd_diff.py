@@ -12,7 +12,7 @@ from typing import Any
 WORKLOAD_KEYS = ("seed", "num_requests", "max_new_tokens", "prompt_len", "arrival_gap", "ignore_eos")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `diff`."""
     p = subparsers.add_parser(
         "diff", help="first diverging step of two traces of the same workload",

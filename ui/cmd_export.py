@@ -15,7 +15,7 @@ from typing import Any
 from .args import check_writable
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `export`."""
     p = subparsers.add_parser(
         "export", help="export a trace: Perfetto timeline, bug-report bundle",

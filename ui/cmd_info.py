@@ -10,7 +10,7 @@ from typing import Any
 from .args import conflict
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the `info` subcommand."""
     p = subparsers.add_parser("info", help="summarize a trace file", description=__doc__)
     p.add_argument("trace", metavar="TRACE", help="trace file (.db) written by `specscope run`")

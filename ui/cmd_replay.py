@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # annotations only: run() imports the engine's modules itself
 EXIT_AGREE, EXIT_DISAGREE, EXIT_UNUSABLE = 0, 1, 2
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `replay`."""
     p = subparsers.add_parser(
         "replay", help="re-run a recorded attention call: kernel vs reference",

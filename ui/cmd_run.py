@@ -35,7 +35,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return f"{h} (default: {shown})"
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `run`."""
     p = subparsers.add_parser("run", help="run draft/verify steps on the GPU (or CPU) and record a trace",
                               description="Run speculative decoding through the instrumented TRTLLM MHA backend "
@@ -159,6 +159,7 @@ def _verify_tokens(args: argparse.Namespace) -> int:
     t = args.verify_tokens
     if t is None:
         return 0  # EngineConfig's "K"
+    t = int(t)
     if args.spec_steps and not 2 <= t <= 16:
         raise ValueError(f"--verify-tokens must be between 2 and 16, got {t}")
     if not args.spec_steps:
@@ -342,13 +343,13 @@ def trace_verdicts(path: str) -> dict[str, Any]:
     """Steps and stored verdicts of a finished trace: {steps, errors, warnings, by_id, checked_through}."""
     from specscope.tracer.store import TraceReader
 
-    from .cmd_check import natural_id
+    from .views import check_key
 
     with TraceReader(path) as r:
         by_id = r.count_violations_by_id()
         return {"steps": r.num_steps(), "errors": len(r.violations(severity="error")),
                 "warnings": len(r.violations(severity="warning")),
-                "by_id": dict(sorted(by_id.items(), key=lambda kv: natural_id(kv[0]))),
+                "by_id": dict(sorted(by_id.items(), key=lambda kv: check_key(kv[0]))),
                 "checked_through": r.checked_through()}
 
 

@@ -21,7 +21,7 @@ PLAN_ENV = user_env.SGLANG_PLAN_STREAM
 EXIT_UNREADABLE = 2
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `sglang-audit`."""
     p = subparsers.add_parser(
         "sglang-audit", help="will SGLang's plan-stream fix-up hook raise on this server? (static, no torch)",

@@ -19,7 +19,7 @@ from specscope.tracer import user_env
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `sglang-hook`."""
     p = subparsers.add_parser(
         "sglang-hook", help="install / remove the start-up hook that records a live SGLang server",

@@ -9,7 +9,7 @@ import sys
 from .args import check_writable
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `upgrade`."""
     p = subparsers.add_parser(
         "upgrade", help="rewrite a schema 1 trace as schema 2 (queryable tables for the viewers)",

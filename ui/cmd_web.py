@@ -8,7 +8,7 @@ import argparse
 from .args import integer
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the `web` subcommand."""
     p = subparsers.add_parser("web", help="browse a trace in a web dashboard", description=__doc__,
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -19,6 +19,7 @@ pytest.importorskip("playwright")
 from specscope.tracer.checks import check_steps  # noqa: E402
 from specscope.tracer.diff import diff_traces  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402
+from specscope.ui.web import dashboard  # noqa: E402
 from specscope.ui.web.app import create_app  # noqa: E402
 from specscope.ui.web.server import serve_in_thread  # noqa: E402
 from webfixtures import (  # noqa: E402,F401
@@ -160,7 +161,7 @@ def test_timeline_of_a_plan_stream_trace(browser: object) -> None:
         assert re.search(r"plan hidden under compute\s+\d+\.\d%", stats), stats
         _idle(p)
         # Click the overview at a late step: the window moves there (past the first steps' warm-up).
-        n = app.dashboard.sources["a"].num_steps()  # type: ignore[attr-defined]
+        n = dashboard.of(app).sources["a"].num_steps()
         target = n - 50
         x, y = p.evaluate("""(s) => {
             const gd = document.querySelector('#tl-overview .js-plotly-plot'), fl = gd._fullLayout;

@@ -18,8 +18,8 @@ pytest.importorskip("dash")
 pytest.importorskip("playwright")
 
 from specscope.tracer.store import TraceReader  # noqa: E402
-from specscope.ui.web import pages  # noqa: E402
-from specscope.ui.web.pages import short_message  # noqa: E402
+from specscope.ui.web import explorer_parts as pages  # noqa: E402
+from specscope.ui.web.explorer_parts import short_message  # noqa: E402
 from webfixtures import FAULT, SAMPLES, browser_fixture, open_page, screenshot_dir, serve  # noqa: E402,F401
 
 OVERRIDE = os.path.join(SAMPLES, "cpu-fault-max-seq-len-q-override.db")

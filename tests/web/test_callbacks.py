@@ -1,4 +1,5 @@
-"""Callback tests: the real Dash app behind Flask's test client, callbacks called the way the browser calls them."""
+"""Callback tests: the real Dash app's callbacks called as Python functions inside its app context, and its HTTP
+endpoints through Flask's test client."""
 
 from __future__ import annotations
 
@@ -7,56 +8,48 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 
-pytest.importorskip("dash")
+dash = pytest.importorskip("dash")
 
+from dash import Dash  # noqa: E402
+from plotly.utils import PlotlyJSONEncoder  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402
-from specscope.ui.web.app import create_app  # noqa: E402
+from specscope.ui.web import dashboard, explorer, ids, timeline  # noqa: E402
+from specscope.ui.web.app import create_app, poll, render  # noqa: E402
 from webfixtures import FAULT, PLAN  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def client() -> object:
-    app = create_app(FAULT)
-    return app.server.test_client()
-
-
-# The live poll's outputs: the version, the header's step count, whether polling stops, the recording banner.
-POLL_OUTPUTS = [("version", "data"), ("live-status", "children"), ("live", "disabled"), ("recording-notes", "children")]
-
-
-def call(client: object, outputs: list[tuple[str, str]], inputs: list[tuple[str, str, object]],
-         state: list[tuple[str, str, object]] = (), changed: str | None = None) -> tuple[int, object]:  # type: ignore[assignment]
-    """POST one callback like dash-renderer does; returns (status, the outputs' values or the body text)."""
-    if len(outputs) == 1:
-        out_id = f"{outputs[0][0]}.{outputs[0][1]}"
-        outs: object = {"id": outputs[0][0], "property": outputs[0][1]}
-    else:
-        out_id = ".." + "...".join(f"{i}.{p}" for i, p in outputs) + ".."
-        outs = [{"id": i, "property": p} for i, p in outputs]
-    body = {
-        "output": out_id, "outputs": outs,
-        "inputs": [{"id": i, "property": p, "value": v} for i, p, v in inputs],
-        "state": [{"id": i, "property": p, "value": v} for i, p, v in state],
-        "changedPropIds": [changed or f"{inputs[0][0]}.{inputs[0][1]}"],
-    }  # fmt: skip
-    r = client.post("/_dash-update-component", json=body)  # type: ignore[attr-defined]
-    if r.status_code != 200:
-        return r.status_code, r.get_data(as_text=True)
-    resp = r.get_json()["response"]
-    return 200, [resp.get(i, {}).get(p, NO_UPDATE) for i, p in outputs]
+def client() -> Dash:
+    """The app of the fault sample (its callbacks are called directly, inside its app context)."""
+    return create_app(FAULT)
 
 
 NO_UPDATE = "<no update>"
 
 
-def page(client: object, pathname: object, search: object = "") -> object:
-    status, out = call(client, [("page", "children")], [("url", "pathname", pathname), ("url", "search", search),
-                                                        ("version", "data", 0)])
-    assert status == 200, out
-    return out[0]  # type: ignore[index]
+def plain(x: object) -> object:
+    """A callback output as the browser receives it: JSON (components, figures and patches serialized the way Dash
+    does, through plotly's encoder); `NO_UPDATE` for dash.no_update."""
+    if x is dash.no_update:
+        return NO_UPDATE
+    return json.loads(json.dumps(x, cls=PlotlyJSONEncoder))
+
+
+def call(app: Dash, fn: Callable[..., object], *args: object, trigger: str | None = None) -> list[object]:
+    """Callback `fn` of `app` called as a Python function (`trigger`: the id dash.ctx.triggered_id would name);
+    its outputs as a list, each as `plain` makes it."""
+    with app.server.app_context():
+        out = fn(*args, trigger=trigger) if trigger is not None else fn(*args)
+    return [plain(x) for x in (out if isinstance(out, tuple) else (out,))]
+
+
+def page(app: Dash, pathname: object, search: object = "") -> object:
+    """The page `render` draws for an address (as when the browser moves there)."""
+    return call(app, render, pathname, search, 0, trigger=ids.URL)[0]
 
 
 def texts(component: object) -> str:
@@ -65,13 +58,13 @@ def texts(component: object) -> str:
 
 
 def test_every_page_renders() -> None:
-    c = create_app(FAULT).server.test_client()
+    c = create_app(FAULT)
     for path, marker in (("/", "timeline-page"), ("/step/3", "step-page"), ("/acceptance", "acceptance-page"),
                          ("/violations", "violations-page"), ("/compare", "cmp-none")):
         assert marker in texts(page(c, path)), path
 
 
-def test_step_page_content_comes_from_the_trace(client: object) -> None:
+def test_step_page_content_comes_from_the_trace(client: Dash) -> None:
     with TraceReader(FAULT) as r:
         s = r.step(20)
         n = r.num_steps()
@@ -86,18 +79,16 @@ def test_step_page_content_comes_from_the_trace(client: object) -> None:
     ("/step/1", "?trace=b", "no trace"), ("/step/1", "?trace=../../etc/passwd", "no trace"),
     ("/step/1", "?row=-3", "non-negative integer"), (12, "", "malformed address"), ({"a": 1}, "", "malformed"),
 ])  # fmt: skip
-def test_malformed_addresses_get_one_line(client: object, path: object, search: str, message: str) -> None:
+def test_malformed_addresses_get_one_line(client: Dash, path: object, search: str, message: str) -> None:
     t = texts(page(client, path, search))
     assert "Cannot show this page" in t and message in t and "Traceback" not in t
 
 
-def test_heatmap_click_shows_the_cell(client: object) -> None:
+def test_heatmap_click_shows_the_cell(client: Dash) -> None:
     with TraceReader(FAULT) as r:
         s = r.step(20)
     pt = s.array("page_table").values
-    status, out = call(client, [("step-cell", "children")], [("step-heatmap", "clickData",
-                       {"points": [{"x": 1, "y": 0}]})], [("step-index", "data", {"trace": "a", "step": 20})])
-    assert status == 200
+    out = call(client, explorer.cell, {"points": [{"x": 1, "y": 0}]}, {"trace": "a", "step": 20})
     assert "physical page" in texts(out) and f'"{int(pt[0, 1])}"' in texts(out)
 
 
@@ -107,31 +98,21 @@ def test_heatmap_click_shows_the_cell(client: object) -> None:
     ({"points": [{"x": 1, "y": 0}]}, {"trace": "/etc/passwd", "step": 1}),
     ({"points": [{"x": 1, "y": 0}]}, {"trace": "a", "step": 10**8}), ({"points": [{"x": 1, "y": 0}]}, None),
 ])  # fmt: skip
-def test_malformed_callback_inputs_are_refused_with_a_message(client: object, click: object, where: object) -> None:
-    status, out = call(client, [("step-cell", "children")], [("step-heatmap", "clickData", click)],
-                       [("step-index", "data", where)])
-    assert status == 200, out
+def test_malformed_callback_inputs_are_refused_with_a_message(client: Dash, click: object, where: object) -> None:
+    out = call(client, explorer.cell, click, where)
     t = texts(out)
     assert "cell-detail" in t and "Traceback" not in t and "physical page" not in t
 
 
-WINDOW_OUT = [("tl-gantt", "figure"), ("tl-overlap", "figure"), ("tl-overview", "figure"), ("tl-stats", "children"),
-              ("tl-gaps", "children"), ("tl-range", "value"), ("tl-from", "value"), ("tl-to", "value")]
-WINDOW_IN = [("tl-range", "value"), ("tl-from", "n_submit"), ("tl-to", "n_submit"), ("tl-overview", "clickData")]
+def window_call(app: Dash, range_value: object = None, click: object = None,
+                boxes: tuple[object, object] = ("0", "19")) -> list[object]:
+    """The timeline's window callback, as the slider (or a click on the overview) calls it; its 8 outputs."""
+    trigger = ids.TL_OVERVIEW if click is not None else ids.TL_RANGE
+    return call(app, timeline.window, range_value, 0, 0, click, boxes[0], boxes[1], trigger=trigger)
 
 
-def window_call(client: object, range_value: object = None, click: object = None,
-                boxes: tuple[object, object] = ("0", "19")) -> tuple[int, object]:
-    """The timeline's window callback, as the slider (or a click on the overview) calls it."""
-    vals = {"tl-range": range_value, "tl-overview": click}
-    return call(client, WINDOW_OUT, [(i, p, vals.get(i)) for i, p in WINDOW_IN],
-                [("tl-from", "value", boxes[0]), ("tl-to", "value", boxes[1])],
-                changed="tl-overview.clickData" if click is not None else "tl-range.value")
-
-
-def test_range_slider_moves_the_window(client: object) -> None:
-    status, out = window_call(client, [40, 59])
-    assert status == 200
+def test_range_slider_moves_the_window(client: Dash) -> None:
+    out = window_call(client, [40, 59])
     gantt, overlap = out[0], out[1]  # type: ignore[index]
     steps = {cd[0] for tr in gantt["data"] for cd in tr["customdata"]}
     assert steps and min(steps) >= 40 and max(steps) <= 59
@@ -141,11 +122,12 @@ def test_range_slider_moves_the_window(client: object) -> None:
     patch = texts(out[2])  # type: ignore[index]
     assert "__dash_patch_update" in patch and '"shapes"' in patch and '"data"' not in patch and len(patch) < 2000
     assert '"x0": 39.5' in patch and '"x1": 59.5' in patch
-    status, out = window_call(client, "DROP")
-    assert status == 200 and "two step indexes" in texts(out)
+    out = window_call(client, "DROP")
+    assert "two step indexes" in texts(out)
 
 
-def test_unknown_callbacks_and_scripts_are_refused_without_traceback(client: object) -> None:
+def test_unknown_callbacks_and_scripts_are_refused_without_traceback(client: Dash) -> None:
+    client = client.server.test_client()  # type: ignore[attr-defined]
     r = client.post("/_dash-update-component", data="{not json", content_type="application/json")  # type: ignore[attr-defined]
     assert r.status_code in (400, 500) and "Traceback" not in r.get_data(as_text=True)
     for path in ("/_dash-component-suites/dash/../../../../etc/passwd", "/assets/../../pyproject.toml",
@@ -166,22 +148,20 @@ def test_live_poll_follows_a_growing_trace(tmp_path: object) -> None:
         w.write_step(s)
     w.flush()
     app = create_app(path)
-    c = app.server.test_client()
-    assert "10 steps (live)" in str(app.layout())
+    assert "10 steps (live)" in str(app.layout())  # type: ignore[operator]
+    assert dashboard.of(app).needs_poll()
     for s in steps[10:]:
         w.write_step(s)
     w.flush()
-    status, out = call(c, POLL_OUTPUTS,
-                       [("live", "n_intervals", 1)])
-    assert status == 200 and out[0] == 1 and "30 steps (live)" in out[1] and out[2] is False  # type: ignore[index]
+    out = call(app, poll, 1)  # the version, the header's line, whether polling stops, the recording banner
+    assert out[0] == 1 and "30 steps (live)" in out[1] and out[2] is False  # type: ignore[index]
     w.close()
     # The page keeps polling while the summaries of the new steps are still loading in the background (a loaded CI
     # machine can take more than one poll for that), and stops once the closed trace is fully loaded.
     deadline = time.monotonic() + 30
     for n in itertools.count(2):
-        status, out = call(c, POLL_OUTPUTS,
-                           [("live", "n_intervals", n)])
-        assert status == 200 and "(live)" not in out[1]  # type: ignore[index]
+        out = call(app, poll, n)
+        assert "(live)" not in out[1]  # type: ignore[index]
         if out[2] is True or time.monotonic() > deadline:  # type: ignore[index]
             break
         assert "loaded)" in out[1]  # type: ignore[index] - still polling only because summaries are loading
@@ -201,43 +181,41 @@ def test_cli_refuses_bad_input_with_one_line(tmp_path: object) -> None:
         assert len(lines) == 1 and lines[0].startswith("specscope: error:") and msg in lines[0], p.stderr
 
 
-def test_overview_click_recentres_the_window(client: object) -> None:
-    status, out = window_call(client, [0, 19], {"points": [{"x": 120.4}]})
-    assert status == 200 and out[5:] == [[110, 129], "110", "129"]  # type: ignore[index]
-    status, out = window_call(client, [0, 19], {"points": [{"x": "NaN"}]})
-    assert status == 204 or out == [NO_UPDATE] * len(WINDOW_OUT)
+def test_overview_click_recentres_the_window(client: Dash) -> None:
+    out = window_call(client, [0, 19], {"points": [{"x": 120.4}]})
+    assert out[5:] == [[110, 129], "110", "129"]
+    for junk in ({"points": [{"x": "NaN"}]}, {"points": [{"x": float("nan")}]}, {"points": []}, "junk"):
+        with pytest.raises(dash.exceptions.PreventUpdate):  # a click on no step changes nothing
+            window_call(client, [0, 19], junk)
 
 
 def test_stepping_forward_serves_pages_built_ahead_that_equal_fresh_ones() -> None:
-    c = create_app(FAULT).server.test_client()
-    fresh = create_app(FAULT).server.test_client()
+    c = create_app(FAULT)
+    fresh = create_app(FAULT)
     seq = [texts(page(c, f"/step/{i}")) for i in (20, 21, 22, 21)]  # 21 and 22 were built ahead, then back to 21
     assert seq == [texts(page(fresh, f"/step/{i}")) for i in (20, 21, 22, 21)]
 
 
 def test_a_big_batch_gets_its_request_table_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
-    from specscope.ui.web import pages as web_pages
-
-    monkeypatch.setattr(web_pages, "MAX_HTML_ROWS", 1)  # the fault sample's batches are small: make 2 rows "big"
+    monkeypatch.setattr(explorer, "MAX_HTML_ROWS", 1)  # the fault sample's batches are small: make 2 rows "big"
     with TraceReader(FAULT) as r:
         i = next(s.index for s in r.steps() if len(s.requests) >= 2)
-        ids = [q.request_id for q in r.step(i, arrays=()).requests]
-    c = create_app(FAULT).server.test_client()
-    out = page(c, f"/step/{i}")
+        rids = [q.request_id for q in r.step(i, arrays=()).requests]
+    out = page(create_app(FAULT), f"/step/{i}")
     t = texts(out)
     table = t[t.index('"request-table"'):t.index('"request-table"') + 100]
     assert '"type": "Pre"' in table, table
-    assert all(f"  {rid}  " in t for rid in ids)
+    assert all(f"  {rid}  " in t for rid in rids)
 
 
-def _layout(client: object, referrer: str | None) -> object:
+def _layout(app: Dash, referrer: str | None) -> object:
+    """The app's layout (`app.layout`, a function) as built for a request from the page `referrer` names."""
     headers = {} if referrer is None else {"Referer": referrer}
-    r = client.get("/_dash-layout", headers=headers)  # type: ignore[attr-defined]
-    assert r.status_code == 200
-    return r.get_json()
+    with app.server.test_request_context("/", headers=headers):
+        return plain(app.layout())  # type: ignore[operator]
 
 
-def test_the_first_layout_carries_the_page_of_the_address(client: object) -> None:
+def test_the_first_layout_carries_the_page_of_the_address(client: Dash) -> None:
     # dash-renderer asks for the layout from the page itself: no callback round trip before its first figure.
     base = "http://localhost"
     lay = _layout(client, base + "/")
@@ -253,9 +231,10 @@ def test_the_first_layout_carries_the_page_of_the_address(client: object) -> Non
         assert '"pathname"' not in t  # dcc.Location sets the address as it mounts, and `render` draws the page
 
 
-def test_plotly_js_is_served_once_hinted_and_cached(client: object) -> None:
+def test_plotly_js_is_served_once_hinted_and_cached(client: Dash) -> None:
     from specscope.ui.web import scripts
 
+    client = client.server.test_client()  # type: ignore[assignment]
     r = client.get(scripts.plotly_url())  # type: ignore[attr-defined]
     assert r.status_code == 200 and r.mimetype == "application/javascript"
     body = r.get_data()

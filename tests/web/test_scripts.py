@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("dash")
 
-from specscope.ui.web import figures, pages, scripts  # noqa: E402
+from specscope.ui.web import dashboard, figures, scripts, timeline  # noqa: E402
 from specscope.ui.web.app import create_app  # noqa: E402
 from webfixtures import ROOT, SAMPLES  # noqa: E402
 
@@ -73,14 +73,14 @@ def test_the_partial_traces_are_what_the_figure_functions_emit(monkeypatch: pyte
     assert len(traces) >= 2
     for k, trace in enumerate(traces):
         app = create_app(trace, traces[(k + 1) % len(traces)])
-        d = app.dashboard  # type: ignore[attr-defined]
+        d = dashboard.of(app)
         for src in d.sources.values():
             src.wait_loaded(60)
         n = d.sources["a"].num_steps()
         for path in ("/", "/acceptance", "/violations", "/compare", "/step/0", f"/step/{n // 2}", f"/step/{n - 1}"):
             d.page(path, "")
         d.page("/step/0", "?trace=b")
-        pages.timeline_window(d.sources["a"], 0, n)  # the whole run: wider than a Gantt, drawn per bin
+        timeline.timeline_window(d.sources["a"], 0, n)  # the whole run: wider than a Gantt, drawn per bin
         for src in d.sources.values():
             src.close()
     called = {n for n, types in emitted.items() if types}
@@ -132,7 +132,7 @@ def test_the_fallback_serves_the_installed_full_bundle(capsys: pytest.CaptureFix
         full = f.read()
     assert body.removeprefix(scripts.HINT) == full
     assert "serving the full plotly.js bundle" in capsys.readouterr().err
-    app.dashboard.sources["a"].close()  # type: ignore[attr-defined]
+    dashboard.of(app).sources["a"].close()
 
 
 def test_the_build_script_cuts_the_register_list_of_the_installed_bundle() -> None:

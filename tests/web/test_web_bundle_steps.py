@@ -12,6 +12,7 @@ pytest.importorskip("dash")
 
 from specscope.tracer.store import TraceReader  # noqa: E402
 from specscope.ui.cli import main  # noqa: E402
+from specscope.ui.web import ids, violations  # noqa: E402
 from specscope.ui.web.app import create_app  # noqa: E402
 from test_callbacks import call, page, texts, window_call  # noqa: E402
 from webfixtures import FAULT  # noqa: E402
@@ -29,7 +30,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def client(bundle: str) -> object:
-    return create_app(bundle).server.test_client()
+    return create_app(bundle)
 
 
 def _links(component: object) -> list[str]:
@@ -66,8 +67,7 @@ def test_timeline_and_violations_speak_of_original_numbers(bundle: str, client: 
     t = texts(page(client, "/"))
     assert "t.zip" in t and "trace.db" not in t  # named as the user named it
     assert f'"min": {held[0]}' in t and f'"max": {held[-1]}' in t
-    status, out = window_call(client, [START + 2, START + 9])
-    assert status == 200, out
+    out = window_call(client, [START + 2, START + 9])
     steps = {cd[0] for tr in out[0]["data"] for cd in tr["customdata"]}  # type: ignore[index]
     assert steps and min(steps) >= START + 2 and max(steps) <= START + 9
     assert f"steps {START + 2}–{START + 9}" in texts(out[3])  # type: ignore[index]
@@ -80,8 +80,7 @@ def test_timeline_and_violations_speak_of_original_numbers(bundle: str, client: 
     # time, and each row links to its step by the original number.
     done, table = "", None
     for n in range(1, 200):
-        status, out = violations_call(client, n)
-        assert status == 200, out
+        out = violations_call(client, n)
         table, done = out[0], texts(out[3])  # type: ignore[index]
         if f"all {len(held)} of {len(held)} steps checked" in done:
             break
@@ -90,17 +89,11 @@ def test_timeline_and_violations_speak_of_original_numbers(bundle: str, client: 
     assert linked and linked <= set(held) and max(linked) >= len(held)
 
 
-VIOLATIONS_OUT = [("vl-table", "children"), ("vl-count", "children"), ("vl-page", "data"),
-                  ("viol-progress", "children"), ("viol-poll", "disabled"), ("viol-body", "children")]
-
-
-def violations_call(client: object, poll: int) -> tuple[int, object]:
-    """The violations page's callback as its poll calls it (no filter, the first page)."""
-    inputs = [("vl-checks", "value", []), ("vl-severity", "value", "all"), ("vl-mode", "value", "all"),
-              ("vl-request", "value", None), ("vl-from", "value", None), ("vl-to", "value", None),
-              ("vl-text", "value", None), ("vl-prev", "n_clicks", None), ("vl-next", "n_clicks", None),
-              ("viol-poll", "n_intervals", poll)]
-    return call(client, VIOLATIONS_OUT, inputs, [("vl-page", "data", 0)], changed="viol-poll.n_intervals")
+def violations_call(app: object, poll: int) -> list[object]:
+    """The violations page's callback as its poll calls it (no filter, the first page): table, count line, page,
+    progress line, whether polling stops, the invariants."""
+    return call(app, violations.update, [], "all", "all", None, None, None, None, None, None, poll, 0,  # type: ignore[arg-type]
+                trigger=ids.VL_POLL)
 
 
 def _figure(tree: object, gid: str) -> dict:

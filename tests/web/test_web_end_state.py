@@ -27,6 +27,6 @@ def _trace(path: Path, end: tuple[str, str] | None) -> str:
     (("cuda_error", "CUDA error: an illegal memory access"), f"(ended by a CUDA error at step {NUM_STEPS - 1})"),
 ])
 def test_the_trace_line_names_how_the_run_ended(tmp_path: Path, end: tuple[str, str] | None, label: str) -> None:
-    client = create_app(_trace(tmp_path / "t.db", end)).server.test_client()
+    client = create_app(_trace(tmp_path / "t.db", end))
     text = texts(page(client, "/"))
     assert f"t.db · {NUM_STEPS} steps {label} · " in text, text[:600]

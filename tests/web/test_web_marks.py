@@ -15,7 +15,7 @@ pytest.importorskip("dash")
 from specscope.tracer.query import ViolationFilter  # noqa: E402
 from specscope.tracer.store import TraceReader  # noqa: E402
 from specscope.ui import views  # noqa: E402
-from specscope.ui.web import violations  # noqa: E402
+from specscope.ui.web import dashboard, violations  # noqa: E402
 from specscope.ui.web.app import create_app  # noqa: E402
 from specscope.ui.web.routes import InputError  # noqa: E402
 from webfixtures import FAULT, SAMPLES  # noqa: E402
@@ -67,7 +67,7 @@ def detail_rows(page: object) -> dict[str, str]:
 
 
 def test_the_first_violating_verify_step_marks_max_seq_len_q_in_place() -> None:
-    d = create_app(OVERRIDE).dashboard  # type: ignore[attr-defined]
+    d = dashboard.of(create_app(OVERRIDE))
     with TraceReader(OVERRIDE) as r:
         first = next(v.step for v in r.violations() if r.summary(v.step).mode.value == "TARGET_VERIFY")
     page = d.page(f"/step/{first}", "")
@@ -83,7 +83,7 @@ def test_the_first_violating_verify_step_marks_max_seq_len_q_in_place() -> None:
 
 
 def test_every_violation_is_reachable_with_one_filter_and_opens_marked(fault_app: object) -> None:
-    d = fault_app.dashboard  # type: ignore[attr-defined]
+    d = dashboard.of(fault_app)  # type: ignore[arg-type]
     src = d.sources["a"]
     src.wait_loaded(60)
     with TraceReader(FAULT) as r:
@@ -107,7 +107,7 @@ def test_every_violation_is_reachable_with_one_filter_and_opens_marked(fault_app
 
 
 def test_filters_combine_and_refuse_what_the_page_does_not_send(fault_app: object) -> None:
-    src = fault_app.dashboard.sources["a"]  # type: ignore[attr-defined]
+    src = dashboard.of(fault_app).sources["a"]  # type: ignore[arg-type]
     f = violations.parse_filter(["I19"], "error", "DRAFT_DECODE", "1", "20", "60", "replay prep")
     assert f == ViolationFilter(("I19",), "error", "DRAFT_DECODE", 1, 20, 61, "replay prep")
     rows, total = src.violation_rows(f, 0, 500)
@@ -125,7 +125,7 @@ def test_filters_combine_and_refuse_what_the_page_does_not_send(fault_app: objec
 
 
 def test_n_and_shift_n_walk_violations_within_a_step_then_across(fault_app: object) -> None:
-    d = fault_app.dashboard  # type: ignore[attr-defined]
+    d = dashboard.of(fault_app)  # type: ignore[arg-type]
     with TraceReader(FAULT) as r:
         every = r.violations()
     steps = sorted({v.step for v in every})

@@ -14,7 +14,7 @@ from typing import TypedDict
 
 import numpy as np
 from specscope.tracer.schema import ForwardMode, GraphPhase, SpanRow, Step, Violation
-from specscope.ui.views import AcceptanceStats, CellMark, acceptance_from_histogram
+from specscope.ui.views import AcceptanceStats, CellMark, acceptance_from_histogram, check_key
 
 from .source import GRAPHS, MODES, Columns
 
@@ -200,7 +200,8 @@ def stream_totals(rows: Sequence[StepStreams], gaps: Sequence[Gap]) -> StreamTot
 
 def verify_mask(cols: Columns) -> np.ndarray:
     """Which steps are TARGET_VERIFY steps with an accept histogram."""
-    return (cols.mode == VERIFY) & (cols.accept_hist.sum(axis=1) > 0)
+    mask: np.ndarray = (cols.mode == VERIFY) & (cols.accept_hist.sum(axis=1) > 0)
+    return mask
 
 
 def acceptance(cols: Columns, start: int = 0, stop: int | None = None) -> AcceptanceStats:
@@ -275,12 +276,6 @@ class ViolationGroup:
     examples: tuple[Violation, ...]  # the first few, in step order
 
 
-def _natural(check_id: str) -> tuple[str, int]:
-    head = check_id.rstrip("0123456789")
-    tail = check_id[len(head):]
-    return head, int(tail) if tail else -1
-
-
 def violation_groups(violations: Iterable[Violation], max_examples: int = 50) -> list[ViolationGroup]:
     """Violations grouped by invariant (in catalogue order by id), each with its first `max_examples`."""
     from specscope.tracer.checks import BY_ID
@@ -289,7 +284,7 @@ def violation_groups(violations: Iterable[Violation], max_examples: int = 50) ->
     for v in violations:
         groups[v.check_id].append(v)
     out = []
-    for cid in sorted(groups, key=_natural):
+    for cid in sorted(groups, key=check_key):
         vs = sorted(groups[cid], key=lambda v: v.step)
         inv = BY_ID.get(cid)
         out.append(ViolationGroup(cid, vs[0].severity.value, inv.description if inv else "", len(vs),

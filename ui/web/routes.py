@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
 PAGES = ("timeline", "step", "acceptance", "violations", "compare")
+# The module of ui/web that builds each page (its `layout(dashboard, route)`) and registers its callbacks (its
+# `register(app)`).
+PAGE_MODULES = {"timeline": "timeline", "step": "explorer", "acceptance": "acceptance", "violations": "violations",
+                "compare": "compare"}
 _PATH = re.compile(r"^/(?:(timeline|acceptance|violations|compare)/?)?$")
 _STEP = re.compile(r"^/step/(\d{1,12})/?$")
 _INT_PARAMS = ("row", "col", "request", "v")  # v: which of the step's violations (0-based)

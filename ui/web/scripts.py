@@ -12,8 +12,9 @@ request, instead of after the first graph asks for it.
   as the code first runs (measured on the partial bundle: a little faster with it, benchmarks/results/web.md). The
   URL carries plotly.js's version, the trace list and a hash of the file, so a browser keeps it for a year; a gzip
   copy is made once, in the background, for a browser on the far side of an SSH tunnel (1.06 MB -> 356 KB).
-- A `<link rel="preload">` in the page's head starts the download at once, with those of the lazily loaded
-  chunks the first figures need (dcc's graph and range slider).
+- A `<link rel="preload">` in the page's head starts its download at once. Dash's own scripts, dcc's lazily loaded
+  chunks included, are served by Dash as it documents (`serve_locally=True`, loaded on demand): no URL of Dash's
+  is written here, so a Dash upgrade that renames its chunks changes nothing.
 - Dash's `layout_pre` renderer hook (called as the layout request goes out) inserts the script and sets
   `window.Plotly` to a promise of it: dcc's graph loader uses `window.Plotly` when it is set (and waits on a
   promise), so plotly.js is loaded once, by us.
@@ -32,8 +33,6 @@ from importlib import resources
 from typing import Any
 
 HINT = b"//# allFunctionsCalledOnLoad\n"  # in front of every plotly.js served (see the module's docstring)
-# dcc's lazily loaded chunks (webpack names them, unversioned) that the first graph and slider mount.
-CHUNKS = ("_dash-component-suites/dash/dcc/async-graph.js", "_dash-component-suites/dash/dcc/async-slider.js")
 # The trace types ui/web/figures.py draws: the partial bundle registers these and no other
 # (tests/web/test_scripts.py derives the set from the figures and checks it against the bundle).
 PARTIAL_TRACES = ("bar", "heatmap", "scatter")
@@ -181,10 +180,8 @@ def register(server: Any, bundle: Bundle) -> str:
 
 
 def preload_links(plotly_path: str) -> str:
-    """`<link rel="preload">` tags for plotly.js and the chunks of the first graph and slider."""
-    links = [f'<link rel="preload" as="script" href="{plotly_path}">']
-    links += [f'<link rel="preload" as="script" href="/{c}">' for c in CHUNKS]
-    return "".join(links)
+    """The `<link rel="preload">` tag for plotly.js (our route: Dash's own scripts are Dash's to load)."""
+    return f'<link rel="preload" as="script" href="{plotly_path}">'
 
 
 def layout_pre_hook(plotly_path: str) -> str:

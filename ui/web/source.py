@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 from specscope.tracer.errors import TraceError
 from specscope.tracer.query import SpanBins, StepIndex, ViolationFilter
-from specscope.tracer.schema import EndState, ForwardMode, GraphPhase, Severity, Step, StepSummary, Violation
+from specscope.tracer.schema import EndState, ForwardMode, GraphPhase, Step, StepSummary, Violation
 from specscope.tracer.store import TraceReader
 from specscope.ui.recording_notes import recording_notes
 
 if TYPE_CHECKING:
     from specscope.tracer.checks import Checker
+    from specscope.tracer.schema import RequestRecord, SpanRow
 
 MODES: tuple[str, ...] = tuple(m.value for m in ForwardMode)
 GRAPHS: tuple[str, ...] = tuple(g.value for g in GraphPhase)
@@ -343,7 +344,7 @@ class TraceSource:
                 self._steps.move_to_end(i)
             return s
 
-    def spans(self, start: int, stop: int) -> list:
+    def spans(self, start: int, stop: int) -> list[SpanRow]:
         """Stream spans of steps [start, stop)."""
         with self._lock:
             return self.reader.spans(steps=(start, stop))
@@ -358,7 +359,7 @@ class TraceSource:
         with self._lock:
             return self.reader.capture_of(i)
 
-    def requests(self) -> list:
+    def requests(self) -> list[RequestRecord]:
         """Every RequestRecord."""
         with self._lock:
             return self.reader.requests()
@@ -495,8 +496,3 @@ class TraceSource:
         with self._lock:
             self._reader_closed = True
             self.reader.close()
-
-
-def severity_rank(v: Violation) -> int:
-    """0 for errors, 1 for warnings (sort key)."""
-    return 0 if v.severity == Severity.ERROR else 1

@@ -4,7 +4,7 @@ violations table, `TraceReader.violations_page`), each row opening its step with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import dash
@@ -15,14 +15,15 @@ from specscope.tracer.query import ViolationFilter
 from specscope.tracer.schema import Violation
 from specscope.ui import views
 
-from . import ids, models
-from .pages import error_panel, short_message, table, violation_href
-from .routes import InputError
+from . import ids
+from .dashboard import Dashboard, current, safe, trigger_id
+from .explorer_parts import short_message, violation_href
+from .pages import BOX, error_panel, table
+from .routes import InputError, Route
 from .source import MODES, TraceSource
 
 PAGE_ROWS = 50  # violations per page of the table
 ALL = "all"
-_BOX = {"width": "90px"}  # a number box
 CHECK_BUDGET_S = 0.25  # checker time per poll of a trace that stores no verdicts (the page stays responsive)
 _HEAD = ["step", "check", "severity", "mode", "request", "cell", "found", "expected", "message"]
 
@@ -100,7 +101,7 @@ def body(src: TraceSource, f: ViolationFilter, page: int) -> tuple[Component, st
         page = last
         rows, total = src.violation_rows(f, page * PAGE_ROWS, PAGE_ROWS)
     if not total:
-        return html.P("no violations match" if f != ViolationFilter() else "no violations", id="viol-none"), \
+        return html.P("no violations match" if f != ViolationFilter() else "no violations", id=ids.VL_NONE), \
             "0 violations", 0
     a = page * PAGE_ROWS
     count = f"{a + 1:,}–{a + len(rows):,} of {total:,} violations · page {page + 1} of {last + 1}"
@@ -111,10 +112,10 @@ def invariants(src: TraceSource) -> Component:
     """One line per invariant that fired: id, severity, what it checks, how often."""
     counts = src.violation_counts()
     rows = []
-    for cid in sorted(counts, key=models._natural):
+    for cid in sorted(counts, key=views.check_key):
         inv = BY_ID.get(cid)
         rows.append((cid, inv.severity.value if inv else "-", inv.description if inv else "", counts[cid]))
-    return table(["check", "severity", "checks that", "violations"], rows, id="viol-invariants")
+    return table(["check", "severity", "checks that", "violations"], rows, id=ids.VL_INVARIANTS)
 
 
 def page(src: TraceSource) -> html.Div:
@@ -126,12 +127,12 @@ def page(src: TraceSource) -> html.Div:
     modes = [m for m in MODES if (src.cols.mode == MODES.index(m)).any()] or list(MODES)
     return html.Div([
         html.H2("Violations"),
-        html.P(text, id="viol-progress"),
+        html.P(text, id=ids.VL_PROGRESS),
         dcc.Interval(id=ids.VL_POLL, interval=400, disabled=done),
         html.Div([
             html.Span("invariant", className="muted"),
             dcc.Checklist(id=ids.VL_CHECKS, options=[{"label": f" {c} ({counts[c]:,})", "value": c}
-                                                     for c in sorted(counts, key=models._natural)],
+                                                     for c in sorted(counts, key=views.check_key)],
                           value=[], inline=True, labelStyle={"marginRight": "10px"}),
         ], className="filters"),
         html.Div([
@@ -142,11 +143,11 @@ def page(src: TraceSource) -> html.Div:
         ], className="filters"),
         html.Div([
             # debounce: a box commits on Enter (or on leaving it), not on every keystroke
-            dcc.Input(id=ids.VL_REQUEST, type="text", inputMode="numeric", style=_BOX, placeholder="request",
+            dcc.Input(id=ids.VL_REQUEST, type="text", inputMode="numeric", style=BOX, placeholder="request",
                       debounce=True),
-            dcc.Input(id=ids.VL_FROM, type="text", inputMode="numeric", style=_BOX, placeholder="from step",
+            dcc.Input(id=ids.VL_FROM, type="text", inputMode="numeric", style=BOX, placeholder="from step",
                       debounce=True),
-            dcc.Input(id=ids.VL_TO, type="text", inputMode="numeric", style=_BOX, placeholder="to step",
+            dcc.Input(id=ids.VL_TO, type="text", inputMode="numeric", style=BOX, placeholder="to step",
                       debounce=True),
             dcc.Input(id=ids.VL_TEXT, type="text", placeholder="message contains", debounce=True,
                       style={"width": "220px"}),
@@ -157,26 +158,38 @@ def page(src: TraceSource) -> html.Div:
                  className="pager"),
         html.Div(tbl, id=ids.VL_TABLE),
         html.H3("Invariants that fired"), html.Div(invariants(src), id=ids.VL_BODY),
-    ], id="violations-page")
+    ], id=ids.VL_PAGE_ROOT)
 
 
-def register(app: Dash, source: Callable[[str], TraceSource], safe: Callable[..., Any]) -> None:
-    """The page's callback: any filter or pager change redraws the table from the server."""
+def layout(d: Dashboard, route: Route) -> Component:
+    """The page at `/violations` (routes.PAGE_MODULES)."""
+    return page(d.source(route.trace))
 
-    @app.callback(Output(ids.VL_TABLE, "children"), Output(ids.VL_COUNT, "children"), Output(ids.VL_PAGE, "data"),
-                  Output("viol-progress", "children"), Output(ids.VL_POLL, "disabled"), Output(ids.VL_BODY, "children"),
-                  Input(ids.VL_CHECKS, "value"), Input(ids.VL_SEVERITY, "value"), Input(ids.VL_MODE, "value"),
-                  Input(ids.VL_REQUEST, "value"), Input(ids.VL_FROM, "value"), Input(ids.VL_TO, "value"),
-                  Input(ids.VL_TEXT, "value"), Input(ids.VL_PREV, "n_clicks"), Input(ids.VL_NEXT, "n_clicks"),
-                  Input(ids.VL_POLL, "n_intervals"), State(ids.VL_PAGE, "data"), prevent_initial_call=True)
-    @safe(lambda m: (error_panel(m), "", 0, dash.no_update, True, dash.no_update))
-    def update(checks: object, severity: object, mode: object, request: object, lo: object, hi: object,
-               text: object, _prev: object, _next: object, _poll: object, at: object) -> Any:
-        src = source("a")
-        f = parse_filter(checks, severity, mode, request, lo, hi, text)
-        trig = dash.ctx.triggered_id
-        progress, done = progress_text(src, CHECK_BUDGET_S if trig == ids.VL_POLL else 0.0)
-        n = at if isinstance(at, int) and not isinstance(at, bool) and 0 <= at < 10**9 else 0
-        want = n - 1 if trig == ids.VL_PREV else n + 1 if trig == ids.VL_NEXT else n if trig == ids.VL_POLL else 0
-        tbl, count, got = body(src, f, max(0, want))
-        return tbl, count, got, progress, done, invariants(src) if trig == ids.VL_POLL else dash.no_update
+
+UpdateOut = tuple[Any, Any, Any, Any, Any, Any]
+
+
+@safe(lambda m: (error_panel(m), "", 0, dash.no_update, True, dash.no_update))
+def update(checks: object, severity: object, mode: object, request: object, lo: object, hi: object, text: object,
+           prev_clicks: object, next_clicks: object, polls: object, at: object, *,
+           trigger: str | None = None) -> UpdateOut:
+    """The table, its count line and page, the progress line, whether to poll on, and (on a poll) the invariants,
+    for any filter or pager change or a poll of the checker (`trigger`: which, for a direct call)."""
+    src = current().source("a")
+    f = parse_filter(checks, severity, mode, request, lo, hi, text)
+    trig = trigger_id(trigger)
+    progress, done = progress_text(src, CHECK_BUDGET_S if trig == ids.VL_POLL else 0.0)
+    n = at if isinstance(at, int) and not isinstance(at, bool) and 0 <= at < 10**9 else 0
+    want = n - 1 if trig == ids.VL_PREV else n + 1 if trig == ids.VL_NEXT else n if trig == ids.VL_POLL else 0
+    tbl, count, got = body(src, f, max(0, want))
+    return tbl, count, got, progress, done, invariants(src) if trig == ids.VL_POLL else dash.no_update
+
+
+def register(app: Dash) -> None:
+    """The page's callback, on `app`: any filter or pager change redraws the table from the server."""
+    app.callback(Output(ids.VL_TABLE, "children"), Output(ids.VL_COUNT, "children"), Output(ids.VL_PAGE, "data"),
+                 Output(ids.VL_PROGRESS, "children"), Output(ids.VL_POLL, "disabled"), Output(ids.VL_BODY, "children"),
+                 Input(ids.VL_CHECKS, "value"), Input(ids.VL_SEVERITY, "value"), Input(ids.VL_MODE, "value"),
+                 Input(ids.VL_REQUEST, "value"), Input(ids.VL_FROM, "value"), Input(ids.VL_TO, "value"),
+                 Input(ids.VL_TEXT, "value"), Input(ids.VL_PREV, "n_clicks"), Input(ids.VL_NEXT, "n_clicks"),
+                 Input(ids.VL_POLL, "n_intervals"), State(ids.VL_PAGE, "data"), prevent_initial_call=True)(update)
